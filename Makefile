@@ -1,0 +1,52 @@
+# gmeta-tf developer entry points. `make install` is idempotent: each step leaves a stamp in
+# .venv and is skipped when its inputs have not changed, so a re-run never rebuilds Horovod.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+export TF_USE_LEGACY_KERAS := 1
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+HOROVOD_VERSION := 0.28.1
+
+.PHONY: install test test-fast demo bench lint clean
+install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.stamp-base: requirements.txt requirements-dev.txt | $(VENV)/bin/python
+	$(PIP) install --upgrade pip wheel "setuptools<70"
+	$(PIP) install -r requirements.txt -r requirements-dev.txt
+	touch $@
+
+# Horovod compiles against the installed TensorFlow, hence --no-build-isolation and Gloo-only.
+$(VENV)/.stamp-horovod: $(VENV)/.stamp-base
+	@if $(PY) -c "import horovod, horovod.tensorflow; assert horovod.__version__ == '$(HOROVOD_VERSION)'" 2>/dev/null; then \
+	  echo "horovod $(HOROVOD_VERSION) already built"; \
+	else \
+	  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+	  $(PIP) install --no-build-isolation --no-cache-dir horovod==$(HOROVOD_VERSION); \
+	fi
+	$(VENV)/bin/horovodrun --check-build | grep -E "TensorFlow|Gloo"
+	touch $@
+
+$(VENV)/.stamp-package: $(VENV)/.stamp-base setup.py
+	$(PIP) install --no-deps --no-build-isolation -e .
+	touch $@
+
+test: install
+	$(PY) -m pytest -q tests
+
+demo: install
+	$(PY) -m gmeta_tf.demo
+
+bench: install
+	$(PY) -m bench.run
+
+lint: install
+	$(VENV)/bin/ruff check gmeta_tf ps launch bench tests
+
+clean:
+	rm -rf runs bench/results.json

@@ -1,0 +1,96 @@
+"""``gmeta data synth`` and ``gmeta data prepare``.
+
+``prepare``'s options are shortcuts for ``--set prepare.<key>=...``: they are turned into
+overrides and go through the one config loader, so the YAML ``prepare:`` section, ``--set`` and
+these flags share one schema, one validation and one error format (flags win over the file).
+Values are JSON-encoded before being handed over, so a column named ``yes`` or ``123`` stays a
+string instead of being read as a YAML bool/int.
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from gmeta_tf.cli.common import build_config, config_options, friendly_errors
+
+
+@click.group()
+def data():
+    """Make synthetic data and prepare sample-level tables for meta-learning."""
+
+
+@data.command("synth")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--tasks", default=3000, show_default=True, type=click.IntRange(min=1), help="Number of users (tasks).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--kind", default="click", show_default=True, type=click.Choice(["click", "rating"]))
+@click.option("--zipf", default=1.15, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Zipf exponent of item popularity.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@friendly_errors
+def synth_cmd(out, tasks, seed, kind, zipf, overwrite):
+    """Write synthetic sample-level Parquet + columns.json to OUT."""
+    from gmeta_tf.data.synth import format_summary, synth
+
+    click.echo(format_summary(synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite)))
+
+
+def _csv_list(value):
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+_PREPARE_OPTIONS = [
+    # (click option, config key, click type, is comma list)
+    ("--task-col", "task_col", str, False),
+    ("--label-col", "label_col", str, False),
+    ("--label-kind", "label_kind", click.Choice(["click", "rating"]), False),
+    ("--categorical", "categorical", str, True),
+    ("--multi-hot", "multi_hot", str, True),
+    ("--dense", "dense", str, True),
+    ("--time-col", "time_col", str, False),
+    ("--query", "query", int, False),
+    ("--max-support", "max_support", int, False),
+    ("--min-task-size", "min_task_size", int, False),
+    ("--max-task-size", "max_task_size", int, False),
+    ("--split-by", "split_by", click.Choice(["time", "random"]), False),
+    ("--valid-frac", "valid_frac", float, False),
+    ("--test-frac", "test_frac", float, False),
+    ("--seed", "seed", int, False),
+    ("--shards", "shards", int, False),
+    ("--rows-per-group", "rows_per_group", int, False),
+    ("--on-bad-rows", "on_bad_rows", click.Choice(["error", "skip"]), False),
+]
+
+
+def _prepare_options(f):
+    for opt, key, typ, is_list in reversed(_PREPARE_OPTIONS):
+        help_ = f"prepare.{key}" + (" (comma-separated)" if is_list else "")
+        f = click.option(opt, key, type=typ, default=None, help=help_)(f)
+    return f
+
+
+@data.command("prepare")
+@click.option("--input", "-i", "inputs", multiple=True, required=True, type=click.Path(),
+              help="Parquet/CSV file or directory (repeatable).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT (only once the new one is complete).")
+@_prepare_options
+@config_options
+@friendly_errors
+def prepare_cmd(inputs, out, overwrite, config_path, overrides, **opts):
+    """Turn sample-level tables into task-major support/query shards (Meta-IO format)."""
+    from gmeta_tf.data.prepare import format_summary, prepare
+
+    list_keys = {key for _, key, _, is_list in _PREPARE_OPTIONS if is_list}
+    extra = {}
+    for key, value in opts.items():
+        if value is None:
+            continue
+        if key in list_keys:
+            value = _csv_list(value)
+        extra[f"prepare.{key}"] = json.dumps(value)
+    cfg = build_config(config_path, overrides, extra)
+    click.echo(format_summary(prepare(list(inputs), out, cfg.prepare, overwrite=overwrite)))

@@ -1,0 +1,20 @@
+"""The ``gmeta`` command: one click group; each sub-command lives in its own module."""
+import click
+
+import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
+from gmeta_tf.cli.data_cmd import data
+from gmeta_tf.cli.train_cmd import eval_cmd, train
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(gmeta_tf.__version__, prog_name="gmeta")
+def cli():
+    """gmeta-tf: distributed meta-learning for deep recommendation models."""
+
+
+cli.add_command(data)
+cli.add_command(train)
+cli.add_command(eval_cmd)
+
+if __name__ == "__main__":
+    cli()

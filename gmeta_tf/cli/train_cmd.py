@@ -1,0 +1,59 @@
+"""``gmeta train`` and ``gmeta eval``."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from gmeta_tf.cli.common import build_config, config_options, friendly_errors
+
+
+def train_options(f):
+    """The options of ``gmeta train``; ``gmeta launch local`` and ``gmeta worker`` reuse them."""
+    f = click.option("--steps", type=int, default=None, help="Sets train.steps.")(f)
+    f = click.option("--algo", type=click.Choice(["maml", "fomaml", "erm"]), default=None,
+                     help="Sets meta.algo.")(f)
+    f = click.option("--out", "run_dir", default="runs/default", show_default=True,
+                     help="Run directory: checkpoints, TensorBoard, config.yaml.")(f)
+    f = click.option("--data", default=None, help="Prepared data directory (sets data.path).")(f)
+    f = click.option("--resume/--no-resume", default=True, show_default=True,
+                     help="Continue from the run directory's latest checkpoint, if any.")(f)
+    return config_options(f)
+
+
+def train_config(config_path, overrides, data, algo, steps):
+    return build_config(config_path, overrides,
+                        {"data.path": data, "meta.algo": algo, "train.steps": steps})
+
+
+@click.command()
+@train_options
+@friendly_errors
+def train(config_path, overrides, data, run_dir, algo, steps, resume):
+    """Meta-train (or ERM-train) a DLRM. Embedded: local tables, one process."""
+    from gmeta_tf.train.trainer import train as run_train
+
+    cfg = train_config(config_path, overrides, data, algo, steps)
+    summary = run_train(cfg, run_dir, resume=resume)
+    click.echo(f"trained {cfg.meta.algo} to step {summary['steps']} "
+               f"({summary['tasks_per_s']:,.0f} tasks/s); run directory {run_dir}")
+
+
+@click.command("eval")
+@click.option("--run", "run_dir", required=True, help="Run directory written by gmeta train.")
+@click.option("--split", type=click.Choice(["train", "valid", "test"]), default=None,
+              help="Split to evaluate (default eval.split, i.e. test).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a key of the run's config (e.g. eval.adapt_steps=3).")
+@friendly_errors
+def eval_cmd(run_dir, split, overrides):
+    """Adapt to each unseen task on its support set, score its query set."""
+    from gmeta_tf.evaluation.evaluate import evaluate, write_eval
+    from gmeta_tf.evaluation.report import format_table
+    from gmeta_tf.train.trainer import load_trained
+
+    cfg, model, _ = load_trained(run_dir, overrides)
+    result = evaluate(model, cfg, cfg.meta.algo, split)
+    path = write_eval(run_dir, result)
+    click.echo(format_table([result]))
+    click.echo(f"wrote {path}")

@@ -1,0 +1,109 @@
+"""YAML + ``--set a.b=c`` overrides → a validated ``Config``.
+
+dacite does the dict → dataclass conversion in strict mode, so an unknown key or a value of
+the wrong type is rejected with its dotted path; we only re-word its errors into one
+``ConfigError`` format that names the key (and the file, when there is one).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+import dacite
+import yaml
+
+from gmeta_tf.config.schema import Config, ConfigError
+
+
+def _int_to_float(value: Any) -> Any:
+    # YAML writes 1 for 1.0; accept ints where floats are expected, but never bools.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+_DACITE = dacite.Config(strict=True, type_hooks={float: _int_to_float})
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"train.steps=100"`` → (["train", "steps"], 100). The value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.steps=100")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: empty key segment")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({e})") from None
+    return key.split("."), value
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for i, part in enumerate(path[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {'.'.join(path)}: '{'.'.join(path[: i + 1])}' is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return out
+
+
+def config_from_dict(raw: Mapping[str, Any], source: Optional[str] = None) -> Config:
+    where = f" (in {source})" if source else ""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config{where}: top level must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        return dacite.from_dict(Config, dict(raw), config=_DACITE)
+    except dacite.UnexpectedDataError as e:
+        keys = ", ".join(sorted(e.keys))
+        raise ConfigError(f"unknown config key(s) {keys}{where}") from None
+    except dacite.WrongTypeError as e:
+        raise ConfigError(
+            f"config key '{e.field_path}'{where}: expected {_type_name(e.field_type)}, got {e.value!r}"
+        ) from None
+    except dacite.MissingValueError as e:
+        raise ConfigError(f"config key '{e.field_path}'{where}: missing value") from None
+    except dacite.DaciteError as e:
+        raise ConfigError(f"config{where}: {e}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{e}{where}") from None
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()) -> Config:
+    """Load ``path`` (or the defaults when None), then apply ``--set`` overrides."""
+    raw: dict = {}
+    source = None
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {source} does not exist")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {source} is not valid YAML: {e}") from None
+    overrides = list(overrides)
+    merged = apply_overrides(raw, overrides)
+    return config_from_dict(merged, source + (" + --set" if overrides else "") if source else None)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -1,0 +1,206 @@
+"""The one configuration schema shared by the CLI, the trainer and the launchers.
+
+Every section is a typed dataclass. YAML files and ``--set a.b=c`` overrides are merged into a
+plain dict first and converted once (``gmeta_tf.config.loader``), so there is exactly one place
+where keys and types are checked and one error format (``ConfigError`` naming the dotted key).
+Value ranges are checked in ``__post_init__`` for the same reason: a bad value must fail at
+load time with the key's name, not deep inside a ``tf.function``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Literal, Optional
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, has the wrong type, or an out-of-range value."""
+
+
+def _require(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key '{key}': {msg}")
+
+
+@dataclass
+class PrepareConfig:
+    """Column mapping and task construction for ``gmeta data prepare``.
+
+    Column names are the *input* table's names. Left empty, they are read from the sidecar
+    ``columns.json`` that ``gmeta data synth`` writes next to its Parquet files.
+    """
+
+    task_col: Optional[str] = None
+    label_col: Optional[str] = None
+    label_kind: Optional[Literal["click", "rating"]] = None
+    categorical: List[str] = field(default_factory=list)
+    multi_hot: List[str] = field(default_factory=list)
+    dense: List[str] = field(default_factory=list)
+    time_col: Optional[str] = None
+    query: int = 16
+    max_support: int = 64
+    min_task_size: int = 24
+    max_task_size: int = 100_000
+    split_by: Literal["time", "random"] = "time"
+    valid_frac: float = 0.1
+    test_frac: float = 0.2
+    seed: int = 0
+    shards: int = 4
+    rows_per_group: int = 512
+    on_bad_rows: Literal["error", "skip"] = "error"
+
+    def __post_init__(self) -> None:
+        _require(self.query >= 1, "prepare.query", f"must be >= 1, got {self.query}")
+        _require(self.max_support >= 1, "prepare.max_support", f"must be >= 1, got {self.max_support}")
+        _require(
+            self.min_task_size >= self.query + 1,
+            "prepare.min_task_size",
+            f"must be >= query + 1 = {self.query + 1} so every task keeps a support sample, "
+            f"got {self.min_task_size}",
+        )
+        _require(
+            self.max_task_size >= self.min_task_size,
+            "prepare.max_task_size",
+            f"must be >= min_task_size ({self.min_task_size}), got {self.max_task_size}",
+        )
+        for key in ("valid_frac", "test_frac"):
+            v = getattr(self, key)
+            _require(0.0 <= v < 1.0, f"prepare.{key}", f"must be in [0, 1), got {v}")
+        _require(
+            self.valid_frac + self.test_frac < 1.0,
+            "prepare.test_frac",
+            "valid_frac + test_frac must leave some tasks for training",
+        )
+        _require(self.shards >= 1, "prepare.shards", f"must be >= 1, got {self.shards}")
+        _require(self.rows_per_group >= 1, "prepare.rows_per_group", "must be >= 1")
+
+
+@dataclass
+class DataConfig:
+    """Where the prepared (task-major) data lives and how batches of tasks are shaped."""
+
+    path: str = "runs/demo/data/prepared"
+    tasks_per_batch: int = 32  # T
+    support: int = 16  # S: support samples per task (padded / truncated, masked)
+    query: int = 16  # Q: query samples per task
+    max_multi_hot: int = 8  # ids kept per multi-hot feature value
+    shuffle_buffer: int = 2048
+    parallel_reads: int = 2
+    prefetch: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("tasks_per_batch", "support", "query", "max_multi_hot", "parallel_reads"):
+            _require(getattr(self, key) >= 1, f"data.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(self.shuffle_buffer >= 0, "data.shuffle_buffer", "must be >= 0")
+        _require(self.prefetch >= 0, "data.prefetch", "must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    """DLRM: per-feature TFRA tables, bottom MLP on dense features, interaction, top MLP."""
+
+    embedding_dim: int = 16
+    bottom_mlp: List[int] = field(default_factory=lambda: [32])
+    top_mlp: List[int] = field(default_factory=lambda: [64, 32])
+    interaction: Literal["dot", "concat"] = "dot"
+    init_stddev: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.embedding_dim >= 1, "model.embedding_dim", "must be >= 1")
+        for key in ("bottom_mlp", "top_mlp"):
+            sizes = getattr(self, key)
+            _require(all(int(s) >= 1 for s in sizes), f"model.{key}", f"layer sizes must be >= 1, got {sizes}")
+        _require(self.init_stddev > 0, "model.init_stddev", "must be > 0")
+
+
+@dataclass
+class MetaConfig:
+    """MAML inner loop. ``algo`` picks the outer objective; ``adapt`` what the inner loop moves.
+
+    * ``maml``: second order (the outer gradient flows through the inner updates).
+    * ``fomaml``: first order (inner gradients are treated as constants).
+    * ``erm``: no inner loop; plain mini-batch training on support+query samples (baseline).
+    """
+
+    algo: Literal["maml", "fomaml", "erm"] = "maml"
+    inner_steps: int = 1
+    inner_lr: float = 0.1
+    adapt: Literal["top", "dense", "dense+embedding"] = "top"
+    embedding_inner_lr: float = 0.5
+
+    def __post_init__(self) -> None:
+        _require(self.inner_steps >= 1, "meta.inner_steps", f"must be >= 1, got {self.inner_steps}")
+        _require(self.inner_lr > 0, "meta.inner_lr", f"must be > 0, got {self.inner_lr}")
+        _require(self.embedding_inner_lr > 0, "meta.embedding_inner_lr", "must be > 0")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 600
+    optimizer: Literal["adam", "adagrad"] = "adam"
+    learning_rate: float = 0.003
+    embedding_optimizer: Literal["adam", "adagrad"] = "adam"
+    embedding_learning_rate: float = 0.01
+    # Horovod sums nothing for us: gradients are averaged over ranks. With ``scale_lr`` the
+    # learning rates are multiplied by the number of ranks (the usual linear-scaling rule for a
+    # global batch that grows with the ranks); off by default so 1 and N ranks take equal steps.
+    scale_lr: bool = False
+    log_every: int = 50
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        _require(self.learning_rate > 0, "train.learning_rate", "must be > 0")
+        _require(self.embedding_learning_rate > 0, "train.embedding_learning_rate", "must be > 0")
+        _require(self.log_every >= 1, "train.log_every", "must be >= 1")
+        _require(self.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
+        _require(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+
+
+@dataclass
+class EvalConfig:
+    split: Literal["train", "valid", "test"] = "test"
+    # Inner steps used to adapt an unseen task; None = the trained ``meta.inner_steps``.
+    adapt_steps: Optional[int] = None
+    # ERM runs are also reported fine-tuned on each task's support set (``*_finetune`` keys).
+    finetune_steps: int = 5
+    finetune_lr: float = 0.05
+    max_tasks: int = 0  # 0 = all tasks of the split
+
+    def __post_init__(self) -> None:
+        _require(self.adapt_steps is None or self.adapt_steps >= 1, "eval.adapt_steps", "must be >= 1")
+        _require(self.finetune_steps >= 0, "eval.finetune_steps", "must be >= 0")
+        _require(self.max_tasks >= 0, "eval.max_tasks", "must be >= 0")
+
+
+@dataclass
+class ClusterConfig:
+    """Parameter servers. Empty ``ps`` = the embedded default (local tables, one process)."""
+
+    ps: List[str] = field(default_factory=list)
+    connect_timeout_s: float = 60.0
+    # Optional explicit table → PS placement file written by ``gmeta plan``.
+    placement: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _require(self.connect_timeout_s > 0, "cluster.connect_timeout_s", "must be > 0")
+        for i, addr in enumerate(self.ps):
+            _require(
+                isinstance(addr, str) and ":" in addr,
+                f"cluster.ps[{i}]",
+                f"must be host:port, got {addr!r}",
+            )
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    meta: MetaConfig = field(default_factory=MetaConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)

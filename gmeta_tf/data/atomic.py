@@ -1,0 +1,62 @@
+"""Write an output directory all-or-nothing.
+
+Why: a crashed or failed ``prepare``/``synth`` must never leave a directory that *looks*
+complete (a reader would silently train on half the shards). Everything is written into a
+temporary sibling (same filesystem, so the final ``rename`` is atomic), and only a finished
+directory is moved into place. With ``overwrite`` an existing output is replaced only after
+the new one is complete, and it is left untouched when anything fails before that.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from gmeta_tf.errors import DataError
+
+
+def check_target(out: Path, overwrite: bool) -> None:
+    """Refuse early (before any work) when ``out`` exists and may not be replaced."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"output {out} exists and is not a directory")
+    if out.exists() and not overwrite:
+        raise DataError(f"output directory {out} already exists; pass --overwrite to replace it")
+
+
+def temp_path(out: Path) -> Path:
+    return out.parent / f"{out.name}.tmp-{os.getpid()}"
+
+
+@contextmanager
+def atomic_dir(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield a temp dir to fill; on success it becomes ``out``, on failure it is removed."""
+    out = Path(out)
+    check_target(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        check_target(out, overwrite)  # someone may have created it meanwhile
+        _commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = out.parent / f"{out.name}.old-{os.getpid()}"
+    shutil.rmtree(old, ignore_errors=True)
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,111 @@
+"""The Meta-IO on-disk format: the contract between ``prepare`` (writer) and ``metaio`` (reader).
+
+A prepared dataset is a directory::
+
+    OUT/
+      schema.json                      feature roles, cardinalities, statistics (see below)
+      train/part-00000-of-00004.parquet
+      ...
+      valid/part-0000i-of-0000N.parquet
+      test/part-0000i-of-0000N.parquet
+
+One Parquet row per task (task-major). Worker rank ``r`` of ``n`` reads the part files whose
+index ``i`` satisfies ``i % n == r`` (``shard_files``), so ranks read disjoint tasks.
+
+Columns of a row (``S`` = this task's support size, ``Q`` = its query size, both variable):
+
+=============================  ===============================  ===============================
+column                         Arrow type                       meaning
+=============================  ===============================  ===============================
+``task_id``                    string                           the input task id, as a string
+``n_support`` / ``n_query``    int32                            S and Q
+``support.label``              list<float32>  (len S)           click 0/1 or rating
+``support.dense``              list<list<float32>> (S × D)      raw dense features, schema order
+``support.time``               list<int64>   (len S)            timestamp, only with a time column
+``support.cat.<name>``         list<int64>   (len S)            categorical id, >= 0
+``support.multi.<name>``       list<list<int64>> (S × var)      multi-hot ids, >= 0
+``query.*``                    same as ``support.*`` with Q     the query samples
+``sample_index``               list<int64> (S + Q)              input row numbers, support then
+                                                                query (lets tests prove nothing
+                                                                is lost or duplicated)
+=============================  ===============================  ===============================
+
+Ids are non-negative int64: integer inputs are kept, strings are hashed (``hash_strings``).
+``PAD_ID`` (-1) is what the reader pads with, so it can never collide with a real id.
+
+``schema.json`` (``format_version`` 1)::
+
+    {"format_version": 1,
+     "task_col": "...", "label": {"name": "...", "kind": "click"|"rating"},
+     "time_col": "..." | null,
+     "categorical": [{"name", "cardinality", "hashed", "pooling": 1.0}],
+     "multi_hot":   [{"name", "cardinality", "hashed", "pooling": <mean ids/sample>, "max_len"}],
+     "dense":       [{"name", "mean", "std"}],            # statistics of the train split
+     "label_stats": {"mean", "std"},
+     "support_query": {"query", "max_support", "split_by"},
+     "splits": {"train": {"tasks", "samples", "files": [...]}, "valid": ..., "test": ...},
+     "summary": {"input_rows", "tasks_in", "tasks_kept", "dropped": {<reason>: count},
+                 "rows_skipped": {<reason>: count}, "samples_truncated"}}
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import List, Sequence
+
+import numpy as np
+
+FORMAT_VERSION = 1
+SCHEMA_FILE = "schema.json"
+COLUMNS_SIDECAR = "columns.json"  # written by ``gmeta data synth`` next to its Parquet files
+SPLITS = ("train", "valid", "test")
+PAD_ID = -1
+
+TASK_ID = "task_id"
+N_SUPPORT = "n_support"
+N_QUERY = "n_query"
+SAMPLE_INDEX = "sample_index"
+SETS = ("support", "query")
+
+
+def label_col(which: str) -> str:
+    return f"{which}.label"
+
+
+def dense_col(which: str) -> str:
+    return f"{which}.dense"
+
+
+def time_col(which: str) -> str:
+    return f"{which}.time"
+
+
+def cat_col(which: str, name: str) -> str:
+    return f"{which}.cat.{name}"
+
+
+def multi_col(which: str, name: str) -> str:
+    return f"{which}.multi.{name}"
+
+
+def part_name(index: int, total: int) -> str:
+    return f"part-{index:05d}-of-{total:05d}.parquet"
+
+
+def shard_files(files: Sequence[str], rank: int, size: int) -> List[str]:
+    """The part files rank ``rank`` of ``size`` reads: every ``size``-th, starting at ``rank``."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank {rank} is not in [0, {size})")
+    if len(files) < size:
+        raise ValueError(
+            f"{len(files)} data shard(s) cannot feed {size} workers: re-run prepare with --shards >= {size}"
+        )
+    return [f for i, f in enumerate(sorted(files)) if i % size == rank]
+
+
+def hash_strings(values: Sequence[str]) -> np.ndarray:
+    """Stable (process- and platform-independent) 63-bit hash of strings → non-negative int64."""
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        digest = hashlib.blake2b(str(v).encode("utf-8"), digest_size=8).digest()
+        out[i] = int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+    return out

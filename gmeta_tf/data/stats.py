@@ -1,0 +1,52 @@
+"""Feature statistics written to ``schema.json``.
+
+Why a module of its own: the model sizes its embedding tables and normalizes dense inputs from
+these numbers, so their definitions must be explicit and testable:
+
+* ``cardinality`` = distinct ids among the *written* samples (all splits): what the tables
+  will actually see;
+* ``pooling`` = mean ids per sample (1.0 for a categorical), ``max_len`` = most ids in a sample;
+* dense ``mean``/``std`` and ``label_stats`` come from the **train** split only, so nothing
+  about valid/test tasks leaks into training. A constant column gets ``std`` 1.0 (not 0) so
+  normalizing by it is always safe.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+import pyarrow as pa
+
+
+def categorical_stats(name: str, ids: np.ndarray, hashed: bool) -> Dict:
+    return {"name": name, "cardinality": int(np.unique(ids).size), "hashed": bool(hashed), "pooling": 1.0}
+
+
+def multi_hot_stats(name: str, lists: pa.ListArray, hashed: bool) -> Dict:
+    lens = np.diff(lists.offsets.to_numpy())
+    vals = lists.flatten().to_numpy(zero_copy_only=False)
+    return {
+        "name": name,
+        "cardinality": int(np.unique(vals).size),
+        "hashed": bool(hashed),
+        "pooling": float(lens.mean()) if lens.size else 0.0,
+        "max_len": int(lens.max()) if lens.size else 0,
+    }
+
+
+def _safe_std(x: np.ndarray) -> float:
+    s = float(x.std()) if x.size else 1.0
+    return s if s > 1e-12 else 1.0
+
+
+def dense_stats(names: List[str], train_dense: np.ndarray) -> List[Dict]:
+    x = train_dense.astype(np.float64)
+    return [
+        {"name": n, "mean": float(x[:, j].mean()) if x.shape[0] else 0.0, "std": _safe_std(x[:, j])}
+        for j, n in enumerate(names)
+    ]
+
+
+def label_stats(train_labels: np.ndarray) -> Dict:
+    y = train_labels.astype(np.float64)
+    return {"mean": float(y.mean()) if y.size else 0.0, "std": _safe_std(y)}

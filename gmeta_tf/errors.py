@@ -1,0 +1,17 @@
+"""Errors the user can act on. The CLI prints these as one line (exit 2), never a stack trace."""
+
+
+class UserError(Exception):
+    """Base class: the message must name the file / row / field / address at fault."""
+
+
+class DataError(UserError):
+    """Bad input data (missing column, wrong type, NaN label, empty file ...)."""
+
+
+class ClusterError(UserError):
+    """A parameter server or worker could not be reached or failed."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, incomplete or does not match the model."""

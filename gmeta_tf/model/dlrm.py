@@ -1,0 +1,61 @@
+"""The meta-DLRM: one TFRA table per categorical / multi-hot feature plus the dense tower.
+
+The label is standardised for rating data (``label_stats`` from ``schema.json``) so the same
+learning rates work for clicks and ratings; ``predict`` maps scores back to the label scale.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import gmeta_tf  # noqa: F401
+import tensorflow as tf
+
+from gmeta_tf.config.schema import ModelConfig
+from gmeta_tf.model.dense_tower import DenseTower
+from gmeta_tf.model.tables import EmbeddingTable, local_namespace, table_devices
+
+
+class DLRM:
+    def __init__(self, cfg: ModelConfig, schema: dict, *, namespace: Optional[str] = None,
+                 ps_tasks: int = 0, placement: Optional[Dict[str, List[int]]] = None,
+                 bp_v2: bool = False):
+        self.cfg = cfg
+        self.schema = schema
+        self.kind: str = schema["label"]["kind"]
+        self.cat_names = [c["name"] for c in schema["categorical"]]
+        self.multi_names = [c["name"] for c in schema["multi_hot"]]
+        self.n_dense = len(schema["dense"])
+        self.namespace = namespace or local_namespace()
+        placement = placement or {}
+        self.tables: List[EmbeddingTable] = []
+        for i, name in enumerate(self.table_names):
+            self.tables.append(EmbeddingTable(
+                name, cfg.embedding_dim, table_devices(ps_tasks, placement.get(name)),
+                self.namespace, cfg.init_stddev, seed=cfg.seed + i, bp_v2=bp_v2))
+        self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
+        stats = schema.get("label_stats") or {}
+        if self.kind == "rating":
+            self.label_mean = float(stats.get("mean", 0.0))
+            self.label_std = float(stats.get("std", 1.0)) or 1.0
+        else:
+            self.label_mean, self.label_std = 0.0, 1.0
+
+    @property
+    def table_names(self) -> List[str]:
+        return self.cat_names + self.multi_names
+
+    @property
+    def dense_variables(self) -> Dict[str, tf.Variable]:
+        return self.tower.variables
+
+    def scale_labels(self, labels: tf.Tensor) -> tf.Tensor:
+        return (labels - self.label_mean) / self.label_std
+
+    def unscale(self, scores: tf.Tensor) -> tf.Tensor:
+        return scores * self.label_std + self.label_mean
+
+    def adapted_names(self, adapt: str) -> Sequence[str]:
+        return self.tower.names("top" if adapt == "top" else "dense")
+
+    def trainable_shadows(self) -> List[tf.Variable]:
+        return [t.shadow for t in self.tables]

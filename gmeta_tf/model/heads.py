@@ -1,0 +1,27 @@
+"""Per-task losses for the two heads. Every loss is a masked *mean per task* (``[T]``).
+
+A per-task mean (not a mean over the whole batch) keeps tasks of different sizes equally
+weighted, which is what the MAML objective averages; and because tasks are independent, the
+gradient of the *sum* of per-task losses w.r.t. tiled ``[T, ...]`` weights is exactly each
+task's own gradient, which is what makes the vectorized inner loop correct.
+"""
+from __future__ import annotations
+
+import gmeta_tf  # noqa: F401
+import tensorflow as tf
+
+
+def per_sample_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    if kind == "click":
+        return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=scores)
+    return tf.square(scores - labels)
+
+
+def per_task_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+    """``[T, N]`` scores / labels / mask → ``[T]`` masked mean (0 for a task with no samples)."""
+    losses = per_sample_loss(kind, scores, labels) * mask
+    return tf.reduce_sum(losses, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+
+
+def predictions(kind: str, scores: tf.Tensor) -> tf.Tensor:
+    return tf.sigmoid(scores) if kind == "click" else scores

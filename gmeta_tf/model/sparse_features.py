@@ -1,0 +1,93 @@
+"""From a task batch's ids to per-sample embedding tensors, with one table lookup per step.
+
+``lookup_batch`` looks every table up once for support *and* query ids together (TFRA's shadow
+variable remembers only its last lookup, see ``tables.py``), and returns ``SparseState``: per
+feature, a matrix of rows plus the index of every support / query position into it.
+
+When the inner loop adapts embeddings, each task needs its *own* copy of each row it touches:
+``per_task=True`` re-keys rows by (task, id), so the summed support loss has a separate
+gradient for every task's copy of a row, and a task's adapted row is used by that task's query
+only. Rows a task touches only in its query get no support gradient and stay as looked up.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import List, Sequence
+
+import gmeta_tf  # noqa: F401
+import tensorflow as tf
+
+from gmeta_tf.model.tables import EmbeddingTable
+
+
+@dataclass
+class FeatureRows:
+    rows: tf.Tensor  # [R, D] (R = unique ids, or unique (task, id) pairs)
+    support_pos: tf.Tensor  # int32 [T, S] or [T, S, L]
+    query_pos: tf.Tensor  # int32 [T, Q] or [T, Q, L]
+    support_valid: tf.Tensor  # float32, same shape as support_pos
+    query_valid: tf.Tensor
+    multi: bool
+
+
+@dataclass
+class SparseState:
+    features: List[FeatureRows]
+
+    def rows(self) -> List[tf.Tensor]:
+        return [f.rows for f in self.features]
+
+    def with_rows(self, rows: Sequence[tf.Tensor]) -> "SparseState":
+        return SparseState([replace(f, rows=r) for f, r in zip(self.features, rows)])
+
+    def embed(self, which: str) -> tf.Tensor:
+        """``[T, N, F, D]`` embeddings of the support or query samples (multi-hot mean-pooled)."""
+        out = []
+        for f in self.features:
+            pos = f.support_pos if which == "support" else f.query_pos
+            valid = f.support_valid if which == "support" else f.query_valid
+            e = tf.gather(f.rows, pos) * valid[..., None]
+            if f.multi:
+                count = tf.maximum(tf.reduce_sum(valid, axis=-1, keepdims=True), 1.0)
+                e = tf.reduce_sum(e, axis=-2) / count
+            out.append(e)
+        return tf.stack(out, axis=2)
+
+
+def feature_ids(batch: dict, cat_names: Sequence[str], multi_names: Sequence[str]):
+    """``[(support_ids, query_ids, is_multi)]`` in table order: categorical, then multi-hot."""
+    out = [(batch["support"]["cat"][n], batch["query"]["cat"][n], False) for n in cat_names]
+    out += [(batch["support"]["multi"][n], batch["query"]["multi"][n], True) for n in multi_names]
+    return out
+
+
+def lookup_batch(tables: Sequence[EmbeddingTable], batch: dict, cat_names: Sequence[str],
+                 multi_names: Sequence[str], *, trainable: bool, per_task: bool) -> SparseState:
+    feats = []
+    for table, (s_ids, q_ids, multi) in zip(tables, feature_ids(batch, cat_names, multi_names)):
+        looked = table.lookup_unique([s_ids, q_ids], trainable=trainable)
+        rows, index = looked.rows, looked.index
+        n_s = tf.size(s_ids)
+        if per_task:
+            t = tf.shape(s_ids)[0]
+            task_s = tf.reshape(tf.broadcast_to(_task_axis(s_ids, t), tf.shape(s_ids)), [-1])
+            task_q = tf.reshape(tf.broadcast_to(_task_axis(q_ids, t), tf.shape(q_ids)), [-1])
+            tasks = tf.concat([task_s, task_q], axis=0)
+            n_rows = tf.cast(tf.shape(rows)[0], tf.int64)
+            key = tf.cast(tasks, tf.int64) * n_rows + tf.cast(index, tf.int64)
+            keys, index = tf.unique(key, out_idx=tf.int32)
+            rows = tf.gather(rows, keys % n_rows)
+        feats.append(FeatureRows(
+            rows=rows,
+            support_pos=tf.reshape(index[:n_s], tf.shape(s_ids)),
+            query_pos=tf.reshape(index[n_s:], tf.shape(q_ids)),
+            support_valid=tf.cast(s_ids >= 0, tf.float32),
+            query_valid=tf.cast(q_ids >= 0, tf.float32),
+            multi=multi,
+        ))
+    return SparseState(feats)
+
+
+def _task_axis(ids: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+    shape = [-1] + [1] * (ids.shape.rank - 1)
+    return tf.reshape(tf.range(t, dtype=tf.int32), shape)

@@ -1,0 +1,109 @@
+"""Shared fixtures. Data is kept small: the CI machine has 2 cores shared with other jobs."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gmeta_tf.config.schema import PrepareConfig
+from gmeta_tf.data import format as fmt
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory) -> Path:
+    """~14k rows / 200 users of synthetic click data (with its columns.json sidecar)."""
+    from gmeta_tf.data.synth import synth
+
+    out = tmp_path_factory.mktemp("synth") / "raw"
+    synth(str(out), tasks=200, seed=1, rows_per_file=5000)
+    return out
+
+
+@pytest.fixture
+def small_cfg() -> PrepareConfig:
+    """Task construction sized for the 200-user synthetic set."""
+    return PrepareConfig(query=4, max_support=8, min_task_size=30, max_task_size=150,
+                         valid_frac=0.15, test_frac=0.25, shards=3, rows_per_group=7, seed=5)
+
+
+def read_inputs_table(path: Path) -> pa.Table:
+    """All input rows in global row order (files of a directory sorted by name)."""
+    files = sorted(p for p in Path(path).iterdir() if p.suffix == ".parquet")
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def read_split(out: Path, split: str) -> pa.Table:
+    files = sorted((Path(out) / split).glob("*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+# ------------------------------------------------------------------ tiny CSV data sets
+
+CSV_HEADER = ["uid", "y", "when", "city", "item", "tags", "x1", "x2"]
+
+
+def csv_rows(n_users: int = 12, per_user: int = 12, seed: int = 0) -> List[Dict[str, str]]:
+    """Rows as strings (so tests can corrupt single cells), users interleaved, times shuffled."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    times = 1000 + rng.permutation(n_users * per_user) * 10  # distinct, unordered
+    for i in range(n_users * per_user):
+        u = i % n_users
+        rows.append({
+            "uid": f"u{u}",
+            "y": str(int(rng.random() < 0.4)),
+            "when": str(int(times[i])),
+            "city": f"c{u % 5}",
+            "item": str(int(rng.integers(0, 50))),
+            "tags": "|".join(str(int(t)) for t in rng.integers(0, 20, rng.integers(1, 4))),
+            "x1": f"{rng.normal():.4f}",
+            "x2": str(int(rng.integers(0, 100))),
+        })
+    return rows
+
+
+def write_csv(path: Path, rows: List[Dict[str, str]], header=CSV_HEADER) -> Path:
+    lines = [",".join(header)] + [",".join(r.get(h, "") for h in header) for r in rows]
+    Path(path).write_text("\n".join(lines) + "\n")
+    return Path(path)
+
+
+@pytest.fixture
+def csv_cfg() -> PrepareConfig:
+    """Explicit mapping for ``csv_rows`` data (12 users × 12 samples)."""
+    return PrepareConfig(
+        task_col="uid", label_col="y", label_kind="click", categorical=["city", "item"],
+        multi_hot=["tags"], dense=["x1", "x2"], time_col="when",
+        query=2, max_support=8, min_task_size=3, valid_frac=0.25, test_frac=0.25, shards=1,
+    )
+
+
+@pytest.fixture
+def hash_of():
+    return lambda s: int(fmt.hash_strings([s])[0])
+
+
+# Helpers are handed out as fixtures so test modules never import conftest (which breaks
+# depending on pytest's import mode and whether tests/ is a package).
+@pytest.fixture
+def read_table():
+    return read_inputs_table
+
+
+@pytest.fixture
+def split_table():
+    return read_split
+
+
+@pytest.fixture
+def csv_data():
+    class _CSV:
+        header = CSV_HEADER
+        rows = staticmethod(csv_rows)
+        write = staticmethod(write_csv)
+
+    return _CSV
