@@ -40,7 +40,7 @@ test: install
 	$(PY) -m pytest -q tests
 
 demo: install
-	$(PY) -m gmeta_tf.demo
+	$(VENV)/bin/gmeta demo --config configs/quickstart.yaml --out runs/demo
 
 bench: install
 	$(PY) -m bench.run

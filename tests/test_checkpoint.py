@@ -4,18 +4,16 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from synthetic_batch import random_batch, tiny_schema
 
-from gmeta_tf.config.schema import MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.config.schema import Config, MetaConfig, ModelConfig, TrainConfig
 from gmeta_tf.errors import CheckpointError
 from gmeta_tf.evaluation.evaluate import query_predictions
-from gmeta_tf.config.schema import Config
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.dense_sync import LocalSync
-from synthetic_batch import random_batch, tiny_schema
 
 MODEL = ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=2)
 META = MetaConfig(algo="maml", inner_steps=1, inner_lr=0.2, adapt="dense+embedding")

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from synthetic_batch import random_batch, tiny_schema
 
 from gmeta_tf.config.schema import MetaConfig, ModelConfig
 from gmeta_tf.meta.meta_step import erm_loss, maml_loss
 from gmeta_tf.meta.task_loop import maml_loss_task_loop
 from gmeta_tf.model.dlrm import DLRM
-from synthetic_batch import random_batch, tiny_schema
 
 T = 4
 

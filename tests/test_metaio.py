@@ -10,13 +10,13 @@ import json
 import os
 from collections import Counter
 
-import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from gmeta_tf.config.schema import DataConfig
 from gmeta_tf.data import format as fmt
 from gmeta_tf.errors import DataError

@@ -4,6 +4,7 @@ import click
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
 from gmeta_tf.cli.data_cmd import data
 from gmeta_tf.cli.train_cmd import eval_cmd, train
+from gmeta_tf.demo import demo
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,6 +16,7 @@ def cli():
 cli.add_command(data)
 cli.add_command(train)
 cli.add_command(eval_cmd)
+cli.add_command(demo)
 
 if __name__ == "__main__":
     cli()

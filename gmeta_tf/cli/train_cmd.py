@@ -1,8 +1,6 @@
 """``gmeta train`` and ``gmeta eval``."""
 from __future__ import annotations
 
-import json
-
 import click
 
 from gmeta_tf.cli.common import build_config, config_options, friendly_errors

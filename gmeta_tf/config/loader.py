@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
@@ -63,7 +64,9 @@ def config_from_dict(raw: Mapping[str, Any], source: Optional[str] = None) -> Co
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config{where}: top level must be a mapping of sections, got {type(raw).__name__}")
     try:
-        return dacite.from_dict(Config, dict(raw), config=_DACITE)
+        cfg = dacite.from_dict(Config, dict(raw), config=_DACITE)
+        _reject_bools_for_numbers(cfg)
+        return cfg
     except dacite.UnexpectedDataError as e:
         keys = ", ".join(sorted(e.keys))
         raise ConfigError(f"unknown config key(s) {keys}{where}") from None
@@ -77,6 +80,18 @@ def config_from_dict(raw: Mapping[str, Any], source: Optional[str] = None) -> Co
         raise ConfigError(f"config{where}: {e}") from None
     except ConfigError as e:
         raise ConfigError(f"{e}{where}") from None
+
+
+def _reject_bools_for_numbers(obj: Any, path: str = "") -> None:
+    """dacite accepts ``true`` for an int field (bool is an int subclass); a config must not."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{path}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _reject_bools_for_numbers(value, key + ".")
+        elif isinstance(value, bool) and hints[f.name] in (int, float):
+            raise ConfigError(f"config key '{key}': expected {hints[f.name].__name__}, got {value!r}")
 
 
 def _type_name(t: Any) -> str:

@@ -12,14 +12,13 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import gmeta_tf  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
 from gmeta_tf.evaluation import metrics
 from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights
-from gmeta_tf.meta.meta_step import adapts_embeddings
 from gmeta_tf.metaio.reader import make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import predictions

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import per_task_loss
 from gmeta_tf.model.sparse_features import SparseState

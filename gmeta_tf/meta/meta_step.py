@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights, task_losses
 from gmeta_tf.model.dlrm import DLRM

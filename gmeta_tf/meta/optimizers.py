@@ -6,10 +6,10 @@ the PS), and because embeddings usually want a larger learning rate than the tow
 """
 from __future__ import annotations
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import TrainConfig
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.meta.inner_loop import FastWeights, adapt, task_losses
 from gmeta_tf.meta.meta_step import adapts_embeddings

@@ -32,12 +32,12 @@ import json
 import os
 from typing import Dict, List, Optional
 
-import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from gmeta_tf.config.schema import DataConfig
 from gmeta_tf.data import format as fmt
 from gmeta_tf.errors import DataError
@@ -287,14 +287,20 @@ def make_dataset(
     files_t = tf.constant(mine)
 
     def epoch_tasks(epoch):
-        ds = tf.data.Dataset.from_tensor_slices((files_t, tf.range(n_files, dtype=tf.int64)))
+        order = tf.range(n_files, dtype=tf.int64)
         if shuffle:
-            ds = ds.shuffle(n_files, seed=epoch * 1_000_003 + seed)
+            # A stateless permutation keyed by (seed, epoch): ``Dataset.shuffle`` cannot take a
+            # tensor seed once a global seed is set (the trainer sets one).
+            keys = tf.random.stateless_uniform([n_files], seed=tf.stack([tf.cast(seed, tf.int64), epoch]))
+            order = tf.gather(order, tf.argsort(keys))
+        ds = tf.data.Dataset.from_tensor_slices((tf.gather(files_t, order), order))
         ds = ds.map(lambda f, i: (f, epoch, i))
         ds = ds.interleave(make, cycle_length=cycle, block_length=1, num_parallel_calls=cycle, deterministic=True)
         ds = ds.unbatch()
         if shuffle:
-            ds = ds.shuffle(cfg.shuffle_buffer, seed=epoch * 1_000_003 + seed + 1)
+            # Python-int seed (see above); epochs still differ because the files and the
+            # blocks within them arrive in a per-epoch order.
+            ds = ds.shuffle(cfg.shuffle_buffer, seed=seed + 1)
         return ds
 
     if training:

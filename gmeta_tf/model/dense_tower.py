@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-import gmeta_tf  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
 
 Params = Dict[str, tf.Tensor]

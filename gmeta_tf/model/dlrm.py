@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
 from gmeta_tf.model.dense_tower import DenseTower
 from gmeta_tf.model.tables import EmbeddingTable, local_namespace, table_devices

@@ -7,8 +7,9 @@ task's own gradient, which is what makes the vectorized inner loop correct.
 """
 from __future__ import annotations
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
+
+import gmeta_tf  # noqa: F401
 
 
 def per_sample_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import List, Sequence
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.model.tables import EmbeddingTable
 
 

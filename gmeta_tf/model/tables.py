@@ -28,11 +28,12 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 from tensorflow.python.eager import context
+
+import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 
 de = tfra.dynamic_embedding
 

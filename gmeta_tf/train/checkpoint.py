@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import gmeta_tf  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.errors import CheckpointError
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.tables import export_variable, import_variable

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
+
+import gmeta_tf  # noqa: F401
 
 
 class LocalSync:

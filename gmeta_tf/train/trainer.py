@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-import gmeta_tf  # noqa: F401
 import tensorflow as tf
 
+import gmeta_tf  # noqa: F401
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
 from gmeta_tf.meta.meta_step import TrainStep

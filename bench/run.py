@@ -1,0 +1,102 @@
+"""``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
+
+Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
+hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
+in one run: absolute numbers on a 2-core box are noise, ratios are what we track.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict
+
+import gmeta_tf  # noqa: F401
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS = BENCH_DIR / "results.json"
+WORK = BENCH_DIR / "out"
+
+
+def _prepared_data(tasks: int = 3000) -> str:
+    """Synthetic click data prepared with the quickstart config (re-used across runs)."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    prepared = WORK / f"data-{tasks}" / "prepared"
+    t0 = time.perf_counter()
+    s = synth(str(prepared.parent / "raw"), tasks=tasks, seed=0, overwrite=True)
+    t1 = time.perf_counter()
+    prepare([str(prepared.parent / "raw")], str(prepared),
+            load_config("configs/quickstart.yaml").prepare, overwrite=True)
+    t2 = time.perf_counter()
+    return str(prepared), {"rows": s["rows"], "synth_rows_per_s": s["rows"] / (t1 - t0),
+                           "prepare_rows_per_s": s["rows"] / (t2 - t1)}
+
+
+def bench_meta(results: Dict) -> None:
+    from bench.meta_io import measure_read_rate
+    from bench.meta_step import measure
+    from gmeta_tf.config.loader import load_config
+
+    data, prep = _prepared_data()
+    results["prepare"] = prep
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data}"])
+    step = measure(cfg)
+    results["meta_step"] = step
+    io = measure_read_rate(data, cfg.data, seconds=5.0)
+    results["meta_io"] = {
+        "read_tasks_per_s": io["tasks_per_s"],
+        "read_samples_per_s": io["samples_per_s"],
+        "train_consumes_tasks_per_s": step["tasks_per_s_vectorized"],
+        "read_over_consume": io["tasks_per_s"] / step["tasks_per_s_vectorized"],
+    }
+    results["memory"] = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta}
+
+HEADLINES = [
+    ("meta_step.speedup_vs_task_loop", "vectorized step / per-task loop (tasks/s)", "≥ 10"),
+    ("meta_step.tasks_per_s_vectorized", "vectorized meta step, tasks/s", ""),
+    ("meta_step.tasks_per_s_task_loop", "per-task loop, tasks/s", ""),
+    ("meta_io.read_over_consume", "Meta-IO read rate / training consumption", "≥ 3"),
+    ("meta_io.read_tasks_per_s", "Meta-IO read, tasks/s", ""),
+    ("prepare.prepare_rows_per_s", "prepare, input rows/s", ""),
+    ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
+]
+
+
+def _get(d: Dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    wanted = argv or list(SECTIONS)
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    WORK.mkdir(parents=True, exist_ok=True)
+    for name in wanted:
+        t0 = time.perf_counter()
+        SECTIONS[name](results)
+        print(f"[bench] {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True))
+    rows = [(k, label, target, _get(results, k)) for k, label, target in HEADLINES]
+    width = max(len(label) for _, label, _, _ in rows)
+    print(f"\n{'benchmark'.ljust(width)}  {'value':>10}  target   key")
+    for key, label, target, value in rows:
+        v = "-" if value is None else f"{value:,.2f}"
+        print(f"{label.ljust(width)}  {v:>10}  {target:7}  {key}")
+    print(f"\nwrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

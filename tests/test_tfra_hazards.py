@@ -1,0 +1,80 @@
+"""Regression tests for the TFRA hazards in ARCHITECTURE.md that can be shown in one process.
+
+If a TFRA upgrade changes the private behaviour ``tables.py`` relies on, these fail first.
+(The cross-process ones — PS tables shared by workers, concurrent creation — are in
+``test_distributed.py`` with real PS processes.)
+"""
+import numpy as np
+import tensorflow as tf
+from synthetic_batch import random_batch, tiny_schema
+
+from gmeta_tf.config.schema import MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.meta.meta_step import TrainStep
+from gmeta_tf.meta.optimizers import make_optimizers
+from gmeta_tf.model.dlrm import DLRM
+from gmeta_tf.model.tables import EmbeddingTable, local_namespace, shared_table_name
+from gmeta_tf.train.dense_sync import LocalSync
+
+CPU = ["/CPU:0"]
+
+
+def test_table_resources_are_named_after_the_table_not_a_counter():
+    ns = local_namespace()
+    t = EmbeddingTable("item", 4, CPU * 2, ns, 0.05, 0)
+    names = [tbl._shared_name for tbl in t.variable.tables]
+    assert names == [shared_table_name(ns, f"{ns}-item_mht_{i}of2") for i in (1, 2)]
+
+
+def test_same_name_means_same_table_whatever_the_creation_order():
+    """Two 'workers' that create tables in different orders still bind each name to one resource."""
+    ns = local_namespace()
+    a_item = EmbeddingTable("item", 4, CPU, ns, 0.05, 0)
+    EmbeddingTable("extra", 4, CPU, ns, 0.05, 0)
+    b_extra = EmbeddingTable("extra", 4, CPU, ns, 0.05, 0)  # the other worker: opposite order
+    b_item = EmbeddingTable("item", 4, CPU, ns, 0.05, 0)
+    a_item.variable.upsert(tf.constant([7], tf.int64), tf.constant([[1.0, 2.0, 3.0, 4.0]]))
+    vals, exists = b_item.lookup_values(np.array([7]))
+    assert exists.tolist() == [True] and vals.tolist() == [[1.0, 2.0, 3.0, 4.0]]
+    assert b_extra.size() == 0  # …and never through another variable's resource
+
+
+def test_models_in_one_process_do_not_share_tables_or_optimizer_slots():
+    """TFRA keeps slot tables in a process-global store keyed by name: namespaces keep them apart."""
+    schema = tiny_schema()
+    batch = random_batch(schema, T=3, seed=1)
+    steps = []
+    for _ in range(2):
+        model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[4], top_mlp=[4]), schema)
+        d, e = make_optimizers(TrainConfig())
+        steps.append((model, e, TrainStep(model, MetaConfig(), d, e, LocalSync())))
+    m0, e0, s0 = steps[0]
+    s0.step(batch)
+    m1, e1, _ = steps[1]
+    assert all(t.size() == 0 for t in m1.tables)
+    for t in m1.tables:
+        assert all(int(s.size()) == 0 for s in t.slot_variables(e1))
+    assert all(int(s.size()) > 0 for s in m0.tables[0].slot_variables(e0))
+
+
+def test_one_lookup_per_step_gives_exact_row_gradients():
+    """Support and query share ids (and differ in count): gradients must land on the right rows."""
+    ns = local_namespace()
+    table = EmbeddingTable("item", 3, CPU, ns, 0.05, 0)
+    support = tf.constant([[1, 2, 2, -1]], tf.int64)
+    query = tf.constant([[2, 5]], tf.int64)
+    ids = np.array([1, 2, 5])
+    init = np.arange(9, dtype=np.float32).reshape(3, 3) / 10
+    table.variable.upsert(tf.constant(ids), tf.constant(init))
+    ws, wq = tf.constant([1.0, 2.0, 3.0, 4.0]), tf.constant([5.0, 6.0])
+    with tf.GradientTape() as tape:
+        looked = table.lookup_unique([support, query])
+        e = tf.gather(looked.rows, looked.index)
+        w = tf.concat([ws, wq], 0)[:, None] * tf.constant([[1.0, 10.0, 100.0]])
+        loss = tf.reduce_sum(e * w)
+    grad = tape.gradient(loss, table.shadow)
+    got = dict(zip(table.shadow.ids.numpy().tolist(), tf.convert_to_tensor(grad).numpy().tolist()))
+    scale = np.array([1.0, 10.0, 100.0])
+    expected = {1: 1.0 * scale, 2: (2.0 + 3.0 + 5.0) * scale, 5: 6.0 * scale}  # pad id 4.0 dropped
+    assert sorted(got) == [1, 2, 5]
+    for k, v in expected.items():
+        np.testing.assert_allclose(got[k], v)

@@ -1,0 +1,94 @@
+"""End to end on generated data: train, checkpoint, resume, evaluate; MAML beats ERM on new users.
+
+The margin: on 2,500 synthetic users (seed 0) with the quickstart model, MAML's mean per-task
+query AUC on test users (never seen in training) must beat ERM's by at least 0.05. Measured
+while writing this test: MAML ≈ 0.68, ERM ≈ 0.51 (ERM cannot know a new user's taste; MAML
+adapts on the 16 support samples).
+"""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gmeta_tf.cli.main import cli
+from gmeta_tf.config.loader import load_config
+from gmeta_tf.data.prepare import prepare
+from gmeta_tf.data.synth import synth
+from gmeta_tf.evaluation.evaluate import evaluate
+from gmeta_tf.train.trainer import load_trained, train
+
+MARGIN = 0.05
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    synth(str(root / "raw"), tasks=2500, seed=0)
+    prepare([str(root / "raw")], str(root / "prepared"), load_config("configs/quickstart.yaml").prepare)
+    return root / "prepared"
+
+
+def _cfg(data_dir, *sets):
+    return load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.log_every=50", *sets])
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    out = {}
+    for algo in ("maml", "erm"):
+        cfg = _cfg(data_dir, f"meta.algo={algo}", "train.steps=250", "train.checkpoint_every=250")
+        summary = train(cfg, runs / algo)
+        run_cfg, model, _ = load_trained(runs / algo)
+        out[algo] = (summary, evaluate(model, run_cfg, algo))
+    return out
+
+
+def test_training_loss_falls(trained):
+    for algo, (summary, _) in trained.items():
+        losses = [h["loss"] for h in summary["history"]]
+        assert losses[-1] < 0.85 * losses[0], (algo, losses)
+
+
+def test_maml_beats_erm_on_unseen_users(trained):
+    maml, erm = trained["maml"][1], trained["erm"][1]
+    assert maml["split"] == erm["split"] == "test" and maml["tasks"] == erm["tasks"] > 100
+    assert maml["auc"] >= erm["auc"] + MARGIN, (maml["auc"], erm["auc"])
+    assert maml["auc"] > maml["auc_no_adapt"] + MARGIN  # the gain comes from adaptation
+    assert maml["logloss"] < maml["logloss_no_adapt"]
+    for key in ("auc", "auc_pooled", "logloss", "auc_no_adapt", "logloss_no_adapt"):
+        assert key in maml and key in erm
+    assert "auc_finetune" in erm
+
+
+def test_cli_train_resume_eval(data_dir, tmp_path):
+    run = tmp_path / "run"
+    runner = CliRunner()
+    args = ["train", "--config", "configs/quickstart.yaml", "--data", str(data_dir), "--out", str(run),
+            "--set", "train.log_every=10", "--set", "train.checkpoint_every=10", "--set", "data.tasks_per_batch=8"]
+    r = runner.invoke(cli, args + ["--steps", "20"])
+    assert r.exit_code == 0, r.output
+    first = json.loads((run / "train_summary.json").read_text())
+    assert [h["step"] for h in first["history"]] == [10, 20]
+    r = runner.invoke(cli, args + ["--steps", "30"])
+    assert r.exit_code == 0, r.output
+    assert "resumed from" in r.output and "at step 20" in r.output
+    second = json.loads((run / "train_summary.json").read_text())
+    assert second["start_step"] == 20
+    assert [h["step"] for h in second["history"]] == [10, 20, 30]
+    assert second["history"][:2] == first["history"]
+    r = runner.invoke(cli, ["eval", "--run", str(run), "--set", "eval.max_tasks=40"])
+    assert r.exit_code == 0, r.output
+    result = json.loads((run / "eval.json").read_text())
+    assert result["algo"] == "maml" and result["split"] == "test" and result["tasks"] == 40
+    assert 0.0 <= result["auc"] <= 1.0 and result["logloss"] > 0
+
+
+def test_cli_errors_are_one_clear_line(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(cli, ["train", "--config", "configs/quickstart.yaml", "--data", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "schema.json" in r.output and "Traceback" not in r.output
+    r = runner.invoke(cli, ["train", "--config", "configs/quickstart.yaml", "--set", "model.embedding_dim=0"])
+    assert r.exit_code == 2 and "model.embedding_dim" in r.output
+    r = runner.invoke(cli, ["eval", "--run", str(tmp_path)])
+    assert r.exit_code == 2 and "not a run directory" in r.output
