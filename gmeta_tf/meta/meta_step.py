@@ -80,7 +80,7 @@ class TrainStep:
         # restored from a checkpoint then hold the same optimizer state in the same layout
         # (TFRA's optimizer builds its slot tables differently when created while tracing).
         dense_opt.build(self.dense_vars)
-        emb_opt.build(self.shadows)
+        emb_opt.build(model.shadows_by_table())
         self.step = tf.function(self._step, reduce_retracing=True)
 
     def gradients(self, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor]]:

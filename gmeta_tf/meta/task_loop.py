@@ -47,3 +47,34 @@ def maml_loss_task_loop(model: DLRM, meta: MetaConfig, batch: dict, num_tasks: i
                      second_order=meta.algo == "maml")
         total += task_losses(model, fast, sub, "query")[0] * batch["task_mask"][t]
     return total / tf.maximum(tf.reduce_sum(batch["task_mask"]), 1.0)
+
+
+def maml_loss_task_while_loop(model: DLRM, meta: MetaConfig, batch: dict) -> tf.Tensor:
+    """The same objective as a run-time loop (``tf.while_loop``): one task per iteration.
+
+    This is what ``for t in tf.range(T)`` in a ``tf.function`` becomes, and what a port of
+    single-task MAML code runs: tasks one after another, with no unrolling that would let the
+    runtime execute several tasks' ops side by side.
+    """
+    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
+                          trainable=True, per_task=False)
+    adapted = model.adapted_names(meta.adapt)
+    num_tasks = tf.shape(batch["task_mask"])[0]
+    rows = sparse.rows()
+    dense = dict(model.dense_variables)
+
+    def body(t, total):
+        sub = tf.nest.map_structure(lambda x: x[t: t + 1], batch)
+        task_sparse = SparseState([
+            replace(f, rows=r, support_pos=f.support_pos[t: t + 1], query_pos=f.query_pos[t: t + 1],
+                    support_valid=f.support_valid[t: t + 1], query_valid=f.query_valid[t: t + 1])
+            for f, r in zip(sparse.features, rows)
+        ])
+        fast = adapt(model, FastWeights(dense, task_sparse), sub, adapted=adapted,
+                     steps=meta.inner_steps, lr=meta.inner_lr,
+                     adapt_embeddings=adapts_embeddings(meta), embedding_lr=meta.embedding_inner_lr,
+                     second_order=meta.algo == "maml")
+        return t + 1, total + task_losses(model, fast, sub, "query")[0] * batch["task_mask"][t]
+
+    _, total = tf.while_loop(lambda t, _: t < num_tasks, body, (tf.constant(0), tf.constant(0.0)))
+    return total / tf.maximum(tf.reduce_sum(batch["task_mask"]), 1.0)

@@ -59,3 +59,6 @@ class DLRM:
 
     def trainable_shadows(self) -> List[tf.Variable]:
         return [t.shadow for t in self.tables]
+
+    def shadows_by_table(self) -> Dict[str, tf.Variable]:
+        return {t.name: t.shadow for t in self.tables}

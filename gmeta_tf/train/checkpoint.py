@@ -45,12 +45,12 @@ class CheckpointManager:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # Optimizers must own their variables before a restore can fill them.
         dense_opt.build(list(model.dense_variables.values()))
-        emb_opt.build(model.trainable_shadows())
+        emb_opt.build(model.shadows_by_table())
         self._tf_ckpt = tf.train.Checkpoint(
             step=self.step,
             dense={k.replace("/", "."): v for k, v in model.dense_variables.items()},
             dense_optimizer=dense_opt,
-            embedding_optimizer_iterations=emb_opt.iterations,
+            embedding_optimizer_iterations=emb_opt.iterations(),
         )
 
     # -- listing ------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ class CheckpointManager:
         out = {}
         for table in self.model.tables:
             out[table.name] = table.variable
-            for slot in table.slot_variables(self.emb_opt):
+            for slot in table.slot_variables(self.emb_opt.for_shadow(table.shadow)):
                 out[_slot_key(table.name, slot, table.variable)] = slot
         return out
 
