@@ -3,6 +3,8 @@ import click
 
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
 from gmeta_tf.cli.data_cmd import data
+from gmeta_tf.cli.launch_cmd import launch
+from gmeta_tf.cli.ps_cmd import ps_group
 from gmeta_tf.cli.train_cmd import eval_cmd, train
 from gmeta_tf.demo import demo
 
@@ -17,6 +19,8 @@ cli.add_command(data)
 cli.add_command(train)
 cli.add_command(eval_cmd)
 cli.add_command(demo)
+cli.add_command(ps_group)
+cli.add_command(launch)
 
 if __name__ == "__main__":
     cli()

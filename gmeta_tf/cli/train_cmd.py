@@ -6,8 +6,11 @@ import click
 from gmeta_tf.cli.common import build_config, config_options, friendly_errors
 
 
-def train_options(f):
-    """The options of ``gmeta train``; ``gmeta launch local`` and ``gmeta worker`` reuse them."""
+def train_options(f=None, *, with_ps: bool = True):
+    """The options of ``gmeta train``; ``gmeta launch local`` reuses them (minus ``--ps``,
+    which there is the number of PS processes to start)."""
+    if f is None:
+        return lambda g: train_options(g, with_ps=with_ps)
     f = click.option("--steps", type=int, default=None, help="Sets train.steps.")(f)
     f = click.option("--algo", type=click.Choice(["maml", "fomaml", "erm"]), default=None,
                      help="Sets meta.algo.")(f)
@@ -16,25 +19,43 @@ def train_options(f):
     f = click.option("--data", default=None, help="Prepared data directory (sets data.path).")(f)
     f = click.option("--resume/--no-resume", default=True, show_default=True,
                      help="Continue from the run directory's latest checkpoint, if any.")(f)
+    if with_ps:
+        f = click.option("--ps", default=None, metavar="HOST:PORT,...",
+                         help="Parameter servers (sets cluster.ps; default: the config, or TF_CONFIG).")(f)
     return config_options(f)
 
 
-def train_config(config_path, overrides, data, algo, steps):
-    return build_config(config_path, overrides,
-                        {"data.path": data, "meta.algo": algo, "train.steps": steps})
+def train_config(config_path, overrides, data, algo, steps, ps=None):
+    extra = {"data.path": data, "meta.algo": algo, "train.steps": steps}
+    if ps:
+        extra["cluster.ps"] = "[" + ",".join(ps.split(",")) + "]"
+    return build_config(config_path, overrides, extra)
+
+
+def run_training(cfg, run_dir, resume):
+    """Embedded (one process, local tables) or worker mode (Horovod rank + PS), same ``train``."""
+    from gmeta_tf.cluster.worker import is_distributed, worker_runtime
+    from gmeta_tf.train.trainer import train as run_train
+
+    rt = worker_runtime(cfg, log=lambda m: click.echo(m)) if is_distributed(cfg) else None
+    return run_train(cfg, run_dir, rt, resume=resume), rt
 
 
 @click.command()
 @train_options
 @friendly_errors
-def train(config_path, overrides, data, run_dir, algo, steps, resume):
-    """Meta-train (or ERM-train) a DLRM. Embedded: local tables, one process."""
-    from gmeta_tf.train.trainer import train as run_train
+def train(config_path, overrides, data, run_dir, algo, steps, resume, ps):
+    """Meta-train (or ERM-train) a DLRM.
 
-    cfg = train_config(config_path, overrides, data, algo, steps)
-    summary = run_train(cfg, run_dir, resume=resume)
-    click.echo(f"trained {cfg.meta.algo} to step {summary['steps']} "
-               f"({summary['tasks_per_s']:,.0f} tasks/s); run directory {run_dir}")
+    With no PS configured: the embedded default (local tables, one process). Under horovodrun
+    or with --ps: a worker of the hybrid trainer (dense all-reduce, tables on the PS).
+    """
+    cfg = train_config(config_path, overrides, data, algo, steps, ps)
+    summary, rt = run_training(cfg, run_dir, resume)
+    if rt is None or rt.rank == 0:
+        agg = f", {summary['aggregate_tasks_per_s']:,.0f} tasks/s over {summary['ranks']} ranks" if summary["ranks"] > 1 else ""
+        click.echo(f"trained {cfg.meta.algo} to step {summary['steps']} "
+                   f"({summary['tasks_per_s']:,.0f} tasks/s{agg}); run directory {run_dir}")
 
 
 @click.command("eval")

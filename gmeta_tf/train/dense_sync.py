@@ -32,6 +32,9 @@ class LocalSync:
     def allreduce_scalar(self, value: float) -> float:
         return value
 
+    def broadcast_int(self, value: int) -> int:
+        return value
+
 
 class HorovodSync:
     """Horovod over Gloo. ``hvd.init()`` must already have run (``HorovodSync.create``)."""
@@ -56,7 +59,11 @@ class HorovodSync:
         self.hvd.broadcast_variables(list(variables), root_rank=0)
 
     def barrier(self) -> None:
-        self.hvd.join()  # a barrier that also works where hvd.barrier is not compiled in
+        # horovod.tensorflow has no barrier; an all-reduce returns only once every rank joined.
+        self.hvd.allreduce(tf.constant(0, tf.int32), op=self.hvd.Sum, name="gmeta_barrier")
+
+    def broadcast_int(self, value: int) -> int:
+        return int(self.hvd.broadcast(tf.constant(value, tf.int64), root_rank=0, name="gmeta_bcast_int").numpy())
 
     def allreduce_scalar(self, value: float) -> float:
         return float(self.hvd.allreduce(tf.constant(value, tf.float64), op=self.hvd.Sum).numpy())

@@ -7,7 +7,9 @@ summaries and the run's files.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import math
 import time
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ class Runtime:
     placement: Optional[Dict[str, List[int]]] = None
     bp_v2: bool = False
     log: Callable[[str], None] = print
+    ps_addresses: List[str] = field(default_factory=list)
 
     @property
     def rank(self) -> int:
@@ -55,27 +58,53 @@ def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
                 placement=rt.placement, bp_v2=rt.bp_v2)
 
 
+def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: Path):
+    model = build_model(cfg, schema, rt)
+    dense_opt, emb_opt = make_optimizers(cfg.train, rt.size)
+    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync)  # creates the slot tables
+    ckpt = CheckpointManager(run_dir / "checkpoints", model, dense_opt, emb_opt,
+                             keep=cfg.train.keep_checkpoints)
+    return model, dense_opt, emb_opt, step_fn, ckpt
+
+
+def build_serialized(cfg: Config, schema: dict, rt: Runtime, run_dir: Path):
+    """Create the model's tables one rank at a time.
+
+    Two workers creating the same TFRA table on a PS at the same instant crash the PS
+    (ARCHITECTURE.md). Rank 0 creates every table and slot table first; each further rank
+    binds to them in turn, after a barrier; a last barrier ends creation before any rank
+    trains. With local tables (no PS) there is nothing to serialise.
+    """
+    if rt.ps_tasks == 0:
+        return _build(cfg, schema, rt, run_dir)
+    built = None
+    for r in range(rt.size):
+        if rt.rank == r:
+            built = _build(cfg, schema, rt, run_dir)
+        rt.sync.barrier()
+    return built
+
+
 def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume: bool = True) -> dict:
     rt = rt or Runtime()
     run_dir = Path(run_dir)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
-    model = build_model(cfg, schema, rt)
-    dense_opt, emb_opt = make_optimizers(cfg.train, rt.size)
-    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync)
-    ckpt = CheckpointManager(run_dir / "checkpoints", model, dense_opt, emb_opt,
-                             keep=cfg.train.keep_checkpoints)
+    model, dense_opt, emb_opt, step_fn, ckpt = build_serialized(cfg, schema, rt, run_dir)
     start = 0
     if rt.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / CONFIG_FILE)
-    if resume and (rt.rank == 0 or rt.ps_tasks == 0):
-        start = ckpt.restore()
-        if start:
-            rt.log(f"resumed from {ckpt.latest()} at step {start}")
-    rt.sync.barrier()  # tables restored on the PS before any rank trains
-    start = int(round(rt.sync.allreduce_scalar(float(start)) / rt.size))
-    rt.sync.broadcast_variables(list(model.dense_variables.values()) + list(dense_opt.variables))
+        # Rank 0 alone restores: with PS tables it refills them (every rank shares them).
+        if resume:
+            start = ckpt.restore()
+            if start:
+                rt.log(f"resumed from {ckpt.latest()} at step {start}")
+    if rt.ps_tasks == 0 and rt.rank != 0 and resume:
+        ckpt.restore()  # local tables (a multi-rank job without PS): every rank loads its copy
+    start = rt.sync.broadcast_int(start)
+    rt.sync.broadcast_variables(list(model.dense_variables.values()) + list(dense_opt.variables)
+                                + list(emb_opt.iterations().values()))
 
     history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(str(run_dir / "tb")) if rt.rank == 0 else None
@@ -88,7 +117,13 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     total_time, total_steps = 0.0, 0
     for step in range(start + 1, cfg.train.steps + 1):
         batch = next(it)
-        out = step_fn.step(batch)
+        try:
+            out = step_fn.step(batch)
+        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
+                tf.errors.InternalError, tf.errors.UnknownError) as e:
+            if rt.ps_tasks:
+                raise lost_ps_error(e, rt, step) from None
+            raise
         loss = float(out["loss"])
         if not math.isfinite(loss):
             raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {step}; lower the learning rates")
@@ -118,14 +153,23 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
                     tf.summary.scalar("tasks_per_s", tasks_per_s, step=step)
             window_t0, window_steps, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
         if step % cfg.train.checkpoint_every == 0 or last:
+            # Every rank pauses while rank 0 exports the PS tables, so the checkpoint is one
+            # consistent state and not a mix of before and after other ranks' updates.
             rt.sync.barrier()
             if rt.rank == 0:
-                ckpt.save(step, {"algo": cfg.meta.algo})
+                ckpt.save(step, {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks})
+            rt.sync.barrier()
+    rank_tps = (total_steps * T / total_time) if total_time else float("nan")
     summary = {
         "algo": cfg.meta.algo, "steps": cfg.train.steps, "start_step": start,
-        "tasks_per_s": (total_steps * T / total_time) if total_time else float("nan"),
-        "ranks": rt.size, "history": history,
+        "tasks_per_s": rank_tps, "ranks": rt.size, "ps": rt.ps_tasks, "history": history,
+        "aggregate_tasks_per_s": rt.sync.allreduce_scalar(rank_tps if math.isfinite(rank_tps) else 0.0),
+        "dense_digest": dense_digest(model),
+        "table_rows_per_ps": {t.name: t.shard_sizes() for t in model.tables} if rt.rank == 0 else {},
     }
+    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    (run_dir / "ranks" / f"rank{rt.rank}.json").write_text(json.dumps(
+        {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step")}, indent=1))
     if rt.rank == 0:
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
         if writer is not None:
@@ -149,6 +193,28 @@ def load_trained(run_dir: str | Path, overrides=()) -> tuple[Config, DLRM, Check
         raise CheckpointError(f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
     ckpt.restore()
     return cfg, model, ckpt
+
+
+def lost_ps_error(e: Exception, rt: Runtime, step: int):
+    """Turn a gRPC failure inside the step into one line that names the parameter server."""
+    from gmeta_tf.errors import ClusterError
+
+    text = str(e)
+    tasks = sorted({int(m) for m in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)})
+    named = [f"ps:{t} ({rt.ps_addresses[t]})" for t in tasks if t < len(rt.ps_addresses)]
+    who = ", ".join(named) or "a parameter server (" + ", ".join(rt.ps_addresses) + ")"
+    first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
+    return ClusterError(f"rank {rt.rank}: lost {who} at step {step}: {first}. "
+                        f"Restart the PS and re-run with the same --out to resume from the last checkpoint")
+
+
+def dense_digest(model: DLRM) -> str:
+    """sha256 of every dense weight's bytes: equal digests mean bit-identical replicas."""
+    h = hashlib.sha256()
+    for name, var in sorted(model.dense_variables.items()):
+        h.update(name.encode())
+        h.update(var.numpy().tobytes())
+    return h.hexdigest()
 
 
 def _previous_history(run_dir: Path) -> list:

@@ -1,0 +1,117 @@
+"""Worker mode: join the Horovod ring, pin a GPU, connect to the parameter servers.
+
+``worker_runtime`` returns the ``trainer.Runtime`` that ``train`` runs with; nothing in the
+model, the meta step or the checkpoint code knows whether it is distributed.
+
+* PS addresses come from ``cluster.ps`` (``--ps`` / ``--set``) or, in a TFJob pod, ``TF_CONFIG``.
+* Each worker is its own eager client (job ``worker<rank>``) of the ``ps`` job. TFRA tables are
+  placed on ``/job:ps/task:i`` by name (``model/tables.py``); a job-wide namespace makes every
+  worker bind the same PS resources.
+* A PS that cannot be reached within ``cluster.connect_timeout_s`` is a ``ClusterError`` naming
+  its address, not a hang.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Callable, Dict, List, Optional
+
+import yaml
+
+from gmeta_tf.cluster.tf_config import tf_config_from_env
+from gmeta_tf.config.schema import Config
+from gmeta_tf.errors import ClusterError
+
+JOB_NAMESPACE = "gmeta"
+
+
+def ps_addresses(cfg: Config) -> List[str]:
+    if cfg.cluster.ps:
+        return list(cfg.cluster.ps)
+    tfc = tf_config_from_env()
+    return list(tfc.ps) if tfc is not None else []
+
+
+def is_distributed(cfg: Config) -> bool:
+    """PS addresses configured, or started by a Horovod launcher (horovodrun / TFJob entrypoint)."""
+    return bool(ps_addresses(cfg)) or "HOROVOD_RANK" in os.environ
+
+
+def wait_reachable(addresses: List[str], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for i, addr in enumerate(addresses):
+        host, port = addr.rsplit(":", 1)
+        while True:
+            try:
+                with socket.create_connection((host, int(port)), timeout=2.0):
+                    break
+            except OSError as e:
+                if time.monotonic() >= deadline:
+                    raise ClusterError(
+                        f"parameter server ps:{i} at {addr} is not reachable after {timeout_s:.0f} s "
+                        f"({e.strerror or e}); is 'gmeta ps serve' running there?") from None
+                time.sleep(0.5)
+
+
+def load_placement(path: Optional[str]) -> Optional[Dict[str, List[int]]]:
+    """``placement.yaml`` (written by ``gmeta plan``): ``tables: {name: [ps task, ...]}``."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ClusterError(f"cluster.placement {path}: {e.strerror}") from None
+    tables = doc.get("tables")
+    if not isinstance(tables, dict):
+        raise ClusterError(f"cluster.placement {path}: expected a 'tables' mapping")
+    out = {}
+    for name, spec in tables.items():
+        tasks = spec.get("ps") if isinstance(spec, dict) else spec
+        if not isinstance(tasks, list) or not tasks or not all(isinstance(t, int) for t in tasks):
+            raise ClusterError(f"cluster.placement {path}: table {name!r} needs a non-empty list of PS task indices")
+        out[str(name)] = tasks
+    return out
+
+
+def pin_gpu(local_rank: int) -> Optional[str]:
+    """Give each rank the GPU of its local rank (dense compute); PS processes stay on CPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    gpu = gpus[local_rank % len(gpus)]
+    tf.config.set_visible_devices(gpu, "GPU")
+    tf.config.experimental.set_memory_growth(gpu, True)
+    return gpu.name
+
+
+def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
+    import gmeta_tf  # noqa: F401
+    import tensorflow as tf
+
+    from gmeta_tf.train.dense_sync import HorovodSync
+    from gmeta_tf.train.trainer import Runtime
+
+    sync = HorovodSync.create()
+    rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log
+    gpu = pin_gpu(sync.local_rank)
+    ps = ps_addresses(cfg)
+    placement = load_placement(cfg.cluster.placement)
+    if ps:
+        wait_reachable(ps, cfg.cluster.connect_timeout_s)
+        tf.config.experimental_connect_to_cluster(
+            tf.train.ClusterSpec({"ps": ps}), job_name=f"worker{sync.rank}",
+            make_master_device_default=False)
+        if placement:
+            for name, tasks in placement.items():
+                bad = [t for t in tasks if not 0 <= t < len(ps)]
+                if bad:
+                    raise ClusterError(f"placement puts table {name!r} on PS task(s) {bad}, "
+                                       f"but only {len(ps)} PS are configured")
+    rank_log(f"worker {sync.rank}/{sync.size}: {len(ps)} PS ({', '.join(ps) or 'local tables'}), "
+             f"device {gpu or 'CPU'}")
+    return Runtime(sync=sync, ps_tasks=len(ps), namespace=JOB_NAMESPACE if ps else None,
+                   placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps)

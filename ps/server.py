@@ -1,0 +1,125 @@
+"""The parameter-server process (``gmeta ps serve``): a ``tf.distribute.Server`` for job ``ps``.
+
+Workers place TFRA hash tables (and their optimizer slot tables) on ``/job:ps/task:i`` and run
+lookups / upserts there over gRPC. Three things make it production-safe:
+
+* **TFRA kernels registered before serving.** A PS that has not loaded TFRA's op libraries
+  answers the first table creation with ``'TFRA>CuckooHashTableOfTensors' is neither a type of
+  a primitive operation``; ``load_tfra_kernels`` loads them before the server starts.
+* **A readiness probe, not a sleep.** An HTTP endpoint (``/ready``: 200 once the gRPC server is
+  serving, 503 before) that the local launcher polls and a Kubernetes readinessProbe can use.
+* **Clean shutdown on SIGTERM/SIGINT** (TF's ``Server.join`` never returns): log and exit 0.
+"""
+from __future__ import annotations
+
+import glob
+import http.server
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import List, Optional
+
+log = logging.getLogger("gmeta.ps")
+
+
+def load_tfra_kernels() -> List[str]:
+    """Load every TFRA op library this PS may be asked to run. Returns the ones loaded."""
+    import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS first)
+    import tensorflow as tf
+    import tensorflow_recommenders_addons as tfra
+    import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401
+
+    core = os.path.join(os.path.dirname(tfra.__file__), "dynamic_embedding", "core")
+    loaded = []
+    for so in sorted(glob.glob(os.path.join(core, "_*.so"))):
+        name = os.path.basename(so)
+        try:
+            tf.load_op_library(so)
+            loaded.append(name)
+        except (tf.errors.NotFoundError, OSError) as e:  # e.g. a GPU-only library on a CPU host
+            if "cuckoo" in name:
+                raise
+            log.warning("skipping TFRA op library %s: %s", name, str(e).splitlines()[0])
+    return loaded
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    ready = threading.Event()
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        ok = self.path in ("/ready", "/healthz") and self.ready.is_set()
+        self.send_response(200 if ok else 503)
+        self.end_headers()
+        self.wfile.write(b"ready\n" if ok else b"not ready\n")
+
+    def log_message(self, *args):  # keep probes out of the PS log
+        pass
+
+
+def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
+          ready_file: Optional[str] = None) -> None:
+    if not 0 <= index < len(ps_hosts):
+        raise ValueError(f"PS index {index} is not in [0, {len(ps_hosts)})")
+    address = ps_hosts[index]
+    kernels = load_tfra_kernels()
+    import tensorflow as tf
+
+    health = None
+    if health_port is not None:
+        health = http.server.ThreadingHTTPServer(("0.0.0.0", health_port), _Health)
+        threading.Thread(target=health.serve_forever, daemon=True).start()
+
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("ps %d (%s): signal %d, shutting down", index, address, signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    cluster = tf.train.ClusterSpec({"ps": ps_hosts})
+    config = tf.compat.v1.ConfigProto()
+    config.experimental.share_cluster_devices_in_session = True
+    server = tf.distribute.Server(cluster, job_name="ps", task_index=index, protocol="grpc",
+                                  config=config, start=True)
+    _Health.ready.set()
+    if ready_file:
+        tmp = f"{ready_file}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{server.target}\n")
+        os.replace(tmp, ready_file)
+    log.info("ps %d ready at %s (grpc %s; TFRA kernels: %s; health port %s)",
+             index, address, server.target, ", ".join(kernels), health_port)
+    while not stop.wait(1.0):
+        pass
+    if health is not None:
+        health.shutdown()
+    log.info("ps %d stopped", index)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # tf.distribute.Server has no stop(); its threads would keep the process alive.
+    os._exit(0)
+
+
+def wait_ready(health_url: str, timeout_s: float, proc=None) -> None:
+    """Block until ``health_url`` answers 200, the process dies, or the time-out passes."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(health_url, timeout=1.0) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"not ready after {timeout_s:.0f} s ({health_url})")
