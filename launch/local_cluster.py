@@ -68,7 +68,7 @@ class LocalCluster:
     def __init__(self, log: Callable[[str], None] = print, env: Optional[Dict[str, str]] = None,
                  grace_s: float = 10.0):
         self.log = log
-        self.launch_id = uuid.uuid4().hex
+        self.launch_id = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex
         self.env = {**os.environ, **(env or {}), LAUNCH_ID_ENV: self.launch_id, "PYTHONUNBUFFERED": "1"}
         self.grace_s = grace_s
         self.children: List[Child] = []

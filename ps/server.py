@@ -82,10 +82,7 @@ def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
     signal.signal(signal.SIGINT, on_signal)
 
     cluster = tf.train.ClusterSpec({"ps": ps_hosts})
-    config = tf.compat.v1.ConfigProto()
-    config.experimental.share_cluster_devices_in_session = True
-    server = tf.distribute.Server(cluster, job_name="ps", task_index=index, protocol="grpc",
-                                  config=config, start=True)
+    server = tf.distribute.Server(cluster, job_name="ps", task_index=index, protocol="grpc", start=True)
     _Health.ready.set()
     if ready_file:
         tmp = f"{ready_file}.tmp"

@@ -182,11 +182,15 @@ class ClusterConfig:
 
     ps: List[str] = field(default_factory=list)
     connect_timeout_s: float = 60.0
+    # Pause after each rank creates its PS tables before the next rank starts: see
+    # trainer.build_serialized (a PS crash hazard of TFRA/TF eager on this stack).
+    table_create_settle_s: float = 3.0
     # Optional explicit table → PS placement file written by ``gmeta plan``.
     placement: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require(self.connect_timeout_s > 0, "cluster.connect_timeout_s", "must be > 0")
+        _require(self.table_create_settle_s >= 0, "cluster.table_create_settle_s", "must be >= 0")
         for i, addr in enumerate(self.ps):
             _require(
                 isinstance(addr, str) and ":" in addr,

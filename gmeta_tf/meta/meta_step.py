@@ -11,6 +11,7 @@ TFRA shadow variables (applied straight to the tables by the TFRA-wrapped optimi
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, List, Tuple
 
 import tensorflow as tf
@@ -81,7 +82,15 @@ class TrainStep:
         # (TFRA's optimizer builds its slot tables differently when created while tracing).
         dense_opt.build(self.dense_vars)
         emb_opt.build(model.shadows_by_table())
-        self.step = tf.function(self._step, reduce_retracing=True)
+        # A name unique to this process: with PS tables the step's graph is partitioned and its
+        # PS parts are registered on the parameter servers under names derived from this one.
+        # Two workers registering same-named functions on one PS at once have crashed it
+        # (SIGSEGV), so every worker's names differ (tests/test_distributed.py keeps this).
+        def step(batch):
+            return self._step(batch)
+
+        step.__name__ = f"gmeta_train_step_r{sync.rank}_p{os.getpid()}"
+        self.step = tf.function(step, reduce_retracing=True)
 
     def gradients(self, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor]]:
         with tf.GradientTape() as tape:

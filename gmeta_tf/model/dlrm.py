@@ -28,10 +28,12 @@ class DLRM:
         self.namespace = namespace or local_namespace()
         placement = placement or {}
         self.tables: List[EmbeddingTable] = []
+        rows = {c["name"]: int(c.get("cardinality", 0)) for c in schema["categorical"] + schema["multi_hot"]}
         for i, name in enumerate(self.table_names):
             self.tables.append(EmbeddingTable(
                 name, cfg.embedding_dim, table_devices(ps_tasks, placement.get(name)),
-                self.namespace, cfg.init_stddev, seed=cfg.seed + i, bp_v2=bp_v2))
+                self.namespace, cfg.init_stddev, seed=cfg.seed + i, bp_v2=bp_v2,
+                expected_rows=rows.get(name, 0)))
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
         stats = schema.get("label_stats") or {}
         if self.kind == "rating":

@@ -99,7 +99,7 @@ class EmbeddingTable:
     """
 
     def __init__(self, name: str, dim: int, devices: Sequence[str], namespace: str,
-                 init_stddev: float, seed: int, bp_v2: bool = False):
+                 init_stddev: float, seed: int, bp_v2: bool = False, expected_rows: int = 0):
         self.name = name
         self.dim = dim
         self.devices = list(devices)
@@ -109,6 +109,7 @@ class EmbeddingTable:
             name=f"{namespace}-{name}",
             initializer=tf.keras.initializers.RandomNormal(stddev=init_stddev, seed=seed),
             kv_creator=NamedCuckooHashTableCreator(namespace), bp_v2=bp_v2,
+            init_size=initial_capacity(expected_rows),
         )
         self.shadow = de.shadow_ops.ShadowVariable(self.variable, name=f"{namespace}-{name}-shadow")
 
@@ -162,6 +163,16 @@ class EmbeddingTable:
     def lookup_values(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         values, exists = self.variable.lookup(tf.constant(keys, tf.int64), return_exists=True)
         return values.numpy(), exists.numpy()
+
+
+def initial_capacity(expected_rows: int) -> int:
+    """Pre-size hash tables for the rows the data will bring (``schema.json`` cardinality).
+
+    A cuckoo table that grows rehashes everything; several workers inserting new keys into a
+    growing PS table at once is when PS processes have crashed (SIGSEGV) in our tests. Sized
+    up front, a table never grows during training unless the data outgrows its statistics.
+    """
+    return max(8192, int(expected_rows * 1.5)) if expected_rows else 0
 
 
 def export_variable(var) -> tuple[np.ndarray, np.ndarray]:

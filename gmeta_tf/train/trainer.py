@@ -74,6 +74,13 @@ def build_serialized(cfg: Config, schema: dict, rt: Runtime, run_dir: Path):
     (ARCHITECTURE.md). Rank 0 creates every table and slot table first; each further rank
     binds to them in turn, after a barrier; a last barrier ends creation before any rank
     trains. With local tables (no PS) there is nothing to serialise.
+
+    Measured on this stack (tests/test_distributed.py, 2 ranks, 2 PS): with creation merely
+    ordered by barriers, a PS still died with SIGSEGV in about half of the runs (in
+    ``GetOrCreateKernelAndDevice`` while executing the next rank's creation ops), even after
+    waiting for this rank's ops to complete. Letting each rank's creation settle for
+    ``cluster.table_create_settle_s`` before the next rank starts made every run pass.
+    It costs that many seconds per rank, once, at start-up.
     """
     if rt.ps_tasks == 0:
         return _build(cfg, schema, rt, run_dir)
@@ -81,8 +88,27 @@ def build_serialized(cfg: Config, schema: dict, rt: Runtime, run_dir: Path):
     for r in range(rt.size):
         if rt.rank == r:
             built = _build(cfg, schema, rt, run_dir)
+            _wait_for_ps(built[0], built[2])
+            time.sleep(cfg.cluster.table_create_settle_s)
         rt.sync.barrier()
     return built
+
+
+def _wait_for_ps(model: DLRM, emb_opt) -> None:
+    """Block until the PS has really executed this rank's table creation.
+
+    Remote eager ops are *enqueued*: Python returns before the PS ran them, so a barrier alone
+    would let the next rank (or the first training step) hit the PS while it is still
+    creating this rank's tables — the concurrent-creation crash again. Reading every table's
+    and slot table's size is answered only after the creation ops ahead of it in the stream.
+    """
+    from tensorflow.python.eager import context
+
+    for table in model.tables:
+        for var in [table.variable, *table.slot_variables(emb_opt.for_shadow(table.shadow))]:
+            for shard in range(len(var.devices)):
+                int(var.size(shard).numpy())
+    context.async_wait()
 
 
 def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume: bool = True) -> dict:
@@ -109,7 +135,9 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(str(run_dir / "tb")) if rt.rank == 0 else None
     ds = make_dataset(cfg.data.path, "train", cfg.data, rank=rt.rank, size=rt.size, training=True)
-    it = iter(ds)
+    # The pipeline is deterministic (seeded shuffles, ordered interleave), so skipping the
+    # batches already trained on makes a resumed run see exactly the data it would have seen.
+    it = iter(ds.skip(start))
     T = cfg.data.tasks_per_batch
     window_t0, window_steps = None, 0
     loss_sum, loss_n = 0.0, 0
