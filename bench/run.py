@@ -20,7 +20,7 @@ RESULTS = BENCH_DIR / "results.json"
 WORK = BENCH_DIR / "out"
 
 
-def _prepared_data(tasks: int = 3000) -> str:
+def _prepared_data(tasks: int = 3000):
     """Synthetic click data prepared with the quickstart config (re-used across runs)."""
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.data.prepare import prepare
@@ -57,7 +57,14 @@ def bench_meta(results: Dict) -> None:
     results["memory"] = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta}
+def bench_distributed(results: Dict) -> None:
+    from bench.distributed import measure
+
+    data, _ = _prepared_data()
+    results["distributed"] = measure(data, WORK)
+
+
+SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -67,6 +74,9 @@ HEADLINES = [
     ("meta_io.read_over_consume", "Meta-IO read rate / training consumption", "≥ 3"),
     ("meta_io.read_tasks_per_s", "Meta-IO read, tasks/s", ""),
     ("prepare.prepare_rows_per_s", "prepare, input rows/s", ""),
+    ("distributed.speedup_2w2ps_over_1proc", "2 workers + 2 PS / 1 process (tasks/s)", ""),
+    ("distributed.speedup_2w1ps_over_1proc", "2 workers + 1 PS / 1 process (tasks/s)", ""),
+    ("distributed.ps_time_share", "share of step time in PS round-trips (2w2ps)", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
 ]
 

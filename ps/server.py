@@ -27,10 +27,11 @@ log = logging.getLogger("gmeta.ps")
 
 def load_tfra_kernels() -> List[str]:
     """Load every TFRA op library this PS may be asked to run. Returns the ones loaded."""
-    import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS first)
     import tensorflow as tf
     import tensorflow_recommenders_addons as tfra
     import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401
+
+    import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS first)
 
     core = os.path.join(os.path.dirname(tfra.__file__), "dynamic_embedding", "core")
     loaded = []

@@ -3,6 +3,9 @@ import click
 
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
 from gmeta_tf.cli.data_cmd import data
+from gmeta_tf.cli.job_cmd import job_group
+from gmeta_tf.cli.k8s_cmd import k8s_group
+from gmeta_tf.cli.k8s_entrypoint_cmd import entrypoint_cmd
 from gmeta_tf.cli.launch_cmd import launch
 from gmeta_tf.cli.ps_cmd import ps_group
 from gmeta_tf.cli.train_cmd import eval_cmd, train
@@ -21,6 +24,9 @@ cli.add_command(eval_cmd)
 cli.add_command(demo)
 cli.add_command(ps_group)
 cli.add_command(launch)
+k8s_group.add_command(entrypoint_cmd)
+cli.add_command(k8s_group)
+cli.add_command(job_group)
 
 if __name__ == "__main__":
     cli()

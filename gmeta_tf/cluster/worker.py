@@ -75,6 +75,16 @@ def load_placement(path: Optional[str]) -> Optional[Dict[str, List[int]]]:
     return out
 
 
+def _touch_every_ps(n: int) -> None:
+    """Run one op on each PS and wait for it: the remote context exists once this returns."""
+    import tensorflow as tf
+
+    for t in range(n):
+        with tf.device(f"/job:ps/replica:0/task:{t}/device:CPU:0"):
+            value = tf.constant(1) + 1
+        int(value.numpy())
+
+
 def pin_gpu(local_rank: int) -> Optional[str]:
     """Give each rank the GPU of its local rank (dense compute); PS processes stay on CPU."""
     import tensorflow as tf
@@ -89,9 +99,9 @@ def pin_gpu(local_rank: int) -> Optional[str]:
 
 
 def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
-    import gmeta_tf  # noqa: F401
     import tensorflow as tf
 
+    import gmeta_tf  # noqa: F401
     from gmeta_tf.train.dense_sync import HorovodSync
     from gmeta_tf.train.trainer import Runtime
 
@@ -102,9 +112,15 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     placement = load_placement(cfg.cluster.placement)
     if ps:
         wait_reachable(ps, cfg.cluster.connect_timeout_s)
-        tf.config.experimental_connect_to_cluster(
-            tf.train.ClusterSpec({"ps": ps}), job_name=f"worker{sync.rank}",
-            make_master_device_default=False)
+        # One worker at a time: a worker's eager context being set up on a PS while another
+        # worker creates tables there has crashed the PS (SIGSEGV) in our tests.
+        for r in range(sync.size):
+            if sync.rank == r:
+                tf.config.experimental_connect_to_cluster(
+                    tf.train.ClusterSpec({"ps": ps}), job_name=f"worker{sync.rank}",
+                    make_master_device_default=False)
+                _touch_every_ps(len(ps))
+            sync.barrier()
         if placement:
             for name, tasks in placement.items():
                 bad = [t for t in tasks if not 0 <= t < len(ps)]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -1,0 +1,117 @@
+"""The distributed row of ``make bench``: 1 process vs 2 workers × 2 PS vs 2 workers × 1 PS.
+
+All three run the same ``gmeta train`` step on the same data, one after another in one bench
+run, each for a fixed number of steps; throughput is the aggregate tasks/s after the first
+(tracing) step. The share of step time spent on PS round-trips is measured inside a worker of
+the 2×2 run (``python -m bench.distributed worker``): the full compiled step against a compiled
+lookup-only pass (the PS reads) plus a compiled apply-only pass (the PS writes) on the same
+batches.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+STEPS = 120
+
+
+def _train_argv(data: str, out: Path, per_worker_T: int) -> List[str]:
+    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--no-resume",
+            "--steps", str(STEPS), "--set", f"data.tasks_per_batch={per_worker_T}",
+            "--set", f"train.log_every={STEPS}", "--set", f"train.checkpoint_every={STEPS * 10}"]
+
+
+def _aggregate(out: Path) -> float:
+    return json.loads((out / "train_summary.json").read_text())["aggregate_tasks_per_s"]
+
+
+def measure(data: str, work: Path, log=print) -> Dict[str, float]:
+    from gmeta_tf.cli.main import cli
+    from launch.local_cluster import LocalCluster, launch_local
+
+    quiet = lambda m: None  # noqa: E731
+    single = work / "dist-1proc"
+    cli.main(["train", *_train_argv(data, single, 32)], standalone_mode=False)
+    rates = {"tasks_per_s_1proc": _aggregate(single)}
+    for workers, ps in ((2, 2), (2, 1)):
+        out = work / f"dist-{workers}w{ps}ps"
+        launch_local(workers, ps, _train_argv(data, out, 16), log=quiet, timeout_s=900)
+        rates[f"tasks_per_s_{workers}w{ps}ps"] = _aggregate(out)
+    # PS round-trip share, inside rank 0 of a 2-worker, 2-PS job.
+    cluster = LocalCluster(log=quiet)
+    share_file = work / "ps_share.json"
+    try:
+        cluster.start_ps(2)
+        code = cluster.run_workers(2, [sys.executable, "-m", "bench.distributed", "worker", data,
+                                       str(share_file), "--ps", ",".join(cluster.ps_addresses)], timeout_s=900)
+    finally:
+        cluster.teardown()
+    if code != 0:
+        raise RuntimeError(f"PS-share worker failed ({code})")
+    share = json.loads(share_file.read_text())
+    return {
+        **rates,
+        "speedup_2w2ps_over_1proc": rates["tasks_per_s_2w2ps"] / rates["tasks_per_s_1proc"],
+        "speedup_2w1ps_over_1proc": rates["tasks_per_s_2w1ps"] / rates["tasks_per_s_1proc"],
+        "ps_time_share": share["ps_time_share"],
+        "step_ms": share["step_ms"], "ps_lookup_ms": share["lookup_ms"], "ps_apply_ms": share["apply_ms"],
+        "steps": STEPS,
+    }
+
+
+def _worker(data: str, out_file: str, ps: str) -> None:
+    """Runs as a Horovod rank: times full steps, lookup-only and apply-only passes."""
+    import tensorflow as tf
+
+    import gmeta_tf  # noqa: F401
+    from gmeta_tf.cluster.worker import worker_runtime
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.metaio.reader import load_schema, make_dataset
+    from gmeta_tf.model.sparse_features import lookup_batch
+    from gmeta_tf.train.trainer import build_serialized
+
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.tasks_per_batch=16",
+                                                  f"cluster.ps=[{ps}]"])
+    rt = worker_runtime(cfg, log=lambda m: None)
+    model, _, emb_opt, step, _ = build_serialized(cfg, load_schema(data), rt, Path(out_file).parent / "share-run")
+    batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(8))
+
+    @tf.function
+    def lookups(batch):
+        s = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=True, per_task=False)
+        return [tf.reduce_sum(r) for r in s.rows()]
+
+    @tf.function
+    def applies(batch):
+        s = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=True, per_task=False)
+        del s  # only the lookups' side effect matters: the shadows now hold this batch's ids
+        grads = [tf.zeros([tf.shape(t.shadow.ids)[0], t.dim]) for t in model.tables]
+        emb_opt.apply_gradients(zip(grads, model.trainable_shadows()))
+        return tf.constant(0.0)
+
+    def timed(fn, n=20):
+        fn(batches[0])
+        rt.sync.barrier()
+        t0 = time.perf_counter()
+        for i in range(n):
+            out = fn(batches[i % len(batches)])
+        tf.nest.map_structure(lambda x: x.numpy() if hasattr(x, "numpy") else x, out)
+        return (time.perf_counter() - t0) / n * 1000
+
+    step_ms = timed(step.step)
+    lookup_ms = timed(lookups)
+    apply_ms = timed(applies) - lookup_ms  # the apply pass also looks up (the shadow needs it)
+    if rt.rank == 0:
+        share = min(1.0, (lookup_ms + max(apply_ms, 0.0)) / step_ms)
+        Path(out_file).write_text(json.dumps({"step_ms": step_ms, "lookup_ms": lookup_ms,
+                                              "apply_ms": apply_ms, "ps_time_share": share}))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 5 and sys.argv[1] == "worker":
+        _worker(sys.argv[2], sys.argv[3], sys.argv[5])
+    else:
+        sys.exit("usage: python -m bench.distributed worker DATA OUT_JSON --ps HOST:PORT,...")

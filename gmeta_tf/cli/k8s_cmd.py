@@ -1,0 +1,165 @@
+"""``gmeta k8s render``: a Kubeflow TFJob (and its ConfigMap) for the hybrid trainer.
+
+The options are declared once (``render_options``) and shared with ``gmeta job render`` and
+``gmeta job submit``; they arrive in the command as one ``RenderRequest``. The config goes
+through the one loader (``--config`` / ``--set``), and the resolved config is what the pods get.
+The ``entrypoint`` sub-command every pod runs is registered on ``k8s_group`` by its own module.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import click
+
+from gmeta_tf.cli.common import build_config, config_options, friendly_errors
+from gmeta_tf.errors import UserError
+from launch.k8s_render import DEFAULTS as _DEFAULTS  # (Jinja2 and jsonschema load only when used)
+
+
+@dataclass
+class RenderRequest:
+    """Everything ``render_options`` parses; ``manifests()`` turns it into ``[ConfigMap, TFJob]``."""
+
+    config_path: Optional[str]
+    overrides: Tuple[str, ...]
+    image: str
+    workers: int
+    ps: int
+    gpus_per_worker: int = 0
+    namespace: Optional[str] = None
+    name: Optional[str] = None
+    data: Optional[str] = None
+    checkpoint_pvc: Optional[str] = None
+    checkpoint_uri: Optional[str] = None
+    gang_scheduler: Optional[str] = None
+    backoff_limit: int = _DEFAULTS["backoff_limit"]
+    worker_cpu: str = _DEFAULTS["worker_cpu"]
+    worker_memory: str = _DEFAULTS["worker_memory"]
+    ps_cpu: str = _DEFAULTS["ps_cpu"]
+    ps_memory: str = _DEFAULTS["ps_memory"]
+    notes: List[str] = field(default_factory=list)
+
+    def manifests(self, validate: bool = True) -> List[Dict[str, Any]]:
+        from launch.k8s_render import render_manifests
+
+        cfg = build_config(self.config_path, self.overrides, {"data.path": self.data})
+        if cfg.cluster.ps:
+            self.notes.append(f"note: cluster.ps ({', '.join(cfg.cluster.ps)}) is cleared in the job's config: "
+                              "in a TFJob the PS addresses come from TF_CONFIG")
+        docs = render_manifests(
+            cfg, image=self.image, workers=self.workers, ps=self.ps, gpus_per_worker=self.gpus_per_worker,
+            name=self.name, namespace=self.namespace, data=self.data, checkpoint_pvc=self.checkpoint_pvc,
+            checkpoint_uri=self.checkpoint_uri, gang_scheduler=self.gang_scheduler,
+            backoff_limit=self.backoff_limit, worker_cpu=self.worker_cpu, worker_memory=self.worker_memory,
+            ps_cpu=self.ps_cpu, ps_memory=self.ps_memory,
+        )
+        if validate:
+            self._validate(docs[1])
+        return docs
+
+    def _validate(self, tfjob: Dict[str, Any]) -> None:
+        from launch.k8s_render import CRD_ENV, crd_path, validate_tfjob
+
+        if not crd_path().is_file():
+            self.notes.append(f"note: not validated against the TFJob CRD ({crd_path()} not found; set {CRD_ENV})")
+            return
+        validate_tfjob(tfjob)
+
+    def yaml(self) -> Tuple[List[Dict[str, Any]], str]:
+        from launch.k8s_render import to_yaml
+
+        docs = self.manifests()
+        return docs, to_yaml(docs)
+
+
+_RENDER_KEYS = [f for f in RenderRequest.__dataclass_fields__ if f != "notes"]
+
+
+def _render_option_decorators():
+    """The options of ``k8s render`` / ``job render`` / ``job submit``, in --help order."""
+    return [
+        click.option("--image", required=True, help="Container image with gmeta-tf installed (the `gmeta` command)."),
+        click.option("--workers", type=int, required=True, help="Worker replicas: Horovod ranks, one per pod."),
+        click.option("--ps", type=int, required=True, help="Parameter-server replicas."),
+        click.option("--gpus-per-worker", type=int, default=0, show_default=True,
+                     help="nvidia.com/gpu limit of each worker (PS never get GPUs)."),
+        click.option("--namespace", default=None, help="Namespace of both objects (default: kubectl's)."),
+        click.option("--name", default=None, help="TFJob name, a DNS-1123 label (default: gmeta-<config hash>)."),
+        click.option("--data", default=None,
+                     help="Prepared data path as the pods see it, e.g. on the PVC (default: the config's data.path)."),
+        click.option("--checkpoint-pvc", default=None, metavar="CLAIM",
+                     help="PersistentVolumeClaim mounted at /ckpt; the run directory is /ckpt/<name>."),
+        click.option("--checkpoint-uri", default=None, metavar="URI",
+                     help="Run directory on object storage (e.g. gs://bucket/run) instead of a PVC."),
+        click.option("--gang-scheduler", type=click.Choice(["volcano", "scheduler-plugins"]), default=None,
+                     help="Gang-schedule all workers + PS together (minAvailable = workers + ps)."),
+        click.option("--backoff-limit", type=int, default=_DEFAULTS["backoff_limit"], show_default=True,
+                     help="Pod restarts before the job is marked failed (runPolicy.backoffLimit)."),
+        click.option("--worker-cpu", default=_DEFAULTS["worker_cpu"], show_default=True, help="CPU per worker."),
+        click.option("--worker-memory", default=_DEFAULTS["worker_memory"], show_default=True,
+                     help="Memory per worker."),
+        click.option("--ps-cpu", default=_DEFAULTS["ps_cpu"], show_default=True, help="CPU per PS."),
+        click.option("--ps-memory", default=_DEFAULTS["ps_memory"], show_default=True, help="Memory per PS."),
+    ]
+
+
+def render_options(f):
+    """Add the render options (plus ``--config`` / ``--set``); the command gets ``request=RenderRequest``."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        fields = {key: kwargs.pop(key) for key in _RENDER_KEYS}
+        fields["overrides"] = tuple(fields["overrides"] or ())
+        return f(*args, request=RenderRequest(**fields), **kwargs)
+
+    for option in reversed(_render_option_decorators()):
+        wrapper = option(wrapper)
+    return config_options(wrapper)
+
+
+def output_option(f):
+    return click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+                        help="Write the YAML to this file instead of stdout.")(f)
+
+
+def echo_notes(request: RenderRequest) -> None:
+    for note in request.notes:
+        click.echo(note, err=True)
+
+
+def write_render(request: RenderRequest, out_file: Optional[str]) -> None:
+    """``render``'s body, shared by ``gmeta k8s render`` and ``gmeta job render``."""
+    docs, text = request.yaml()
+    echo_notes(request)
+    if out_file is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(out_file, "w") as fh:
+            fh.write(text)
+    except OSError as e:
+        raise UserError(f"cannot write {out_file}: {e.strerror}") from None
+    tfjob = docs[1]
+    specs = tfjob["spec"]["tfReplicaSpecs"]
+    click.echo(f"wrote {out_file}: ConfigMap {docs[0]['metadata']['name']}, TFJob {tfjob['metadata']['name']} "
+               f"({specs['Worker']['replicas']} worker(s), {specs['PS']['replicas']} PS)")
+
+
+@click.group("k8s")
+def k8s_group():
+    """Kubernetes: render a Kubeflow TFJob; the entrypoint its pods run."""
+
+
+@k8s_group.command("render")
+@render_options
+@output_option
+@friendly_errors
+def render_cmd(request: RenderRequest, out_file):
+    """Write a ConfigMap (the resolved config) and a kubeflow.org/v1 TFJob as multi-document YAML.
+
+    Every pod runs `gmeta k8s entrypoint`, which reads TF_CONFIG to serve as a PS or join the
+    Horovod ring as a worker. Apply with `kubectl apply -f` or `gmeta job submit`.
+    """
+    write_render(request, out_file)

@@ -1,0 +1,38 @@
+"""``gmeta k8s entrypoint``: the container command of every TFJob replica (see launch/tfjob_pod.py)."""
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+
+from gmeta_tf.cli.common import friendly_errors
+from gmeta_tf.cli.train_cmd import run_training, train_config, train_options
+
+
+@click.command("entrypoint")
+@train_options(with_ps=False)
+@friendly_errors
+def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume):
+    """Serve as a PS or train as a Horovod worker, as TF_CONFIG says."""
+    from gmeta_tf.cluster.tf_config import parse_tf_config
+    from launch.tfjob_pod import DEFAULT_HEALTH_PORT, _int_env, start_rendezvous_if_rank0, worker_env
+
+    tfc = parse_tf_config(os.environ.get("TF_CONFIG"))
+    if tfc.task_type == "ps":
+        from ps.server import serve
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        serve(tfc.ps, tfc.task_index, health_port=_int_env(os.environ, "GMETA_HEALTH_PORT", DEFAULT_HEALTH_PORT))
+        return
+    cfg = train_config(config_path, overrides, data, algo, steps, ",".join(tfc.ps) if tfc.ps else None)
+    os.environ.update(worker_env(tfc))
+    rendezvous = start_rendezvous_if_rank0(tfc)
+    try:
+        summary, rt = run_training(cfg, run_dir, resume=True)  # a restarted pod continues the job
+    finally:
+        if rendezvous is not None:
+            rendezvous.stop()
+    if rt is None or rt.rank == 0:
+        click.echo(f"trained {cfg.meta.algo} to step {summary['steps']} over {summary['ranks']} worker(s); "
+                   f"run directory {run_dir}")
