@@ -107,3 +107,16 @@ def csv_data():
         write = staticmethod(write_csv)
 
     return _CSV
+
+
+@pytest.fixture(scope="session")
+def prepared_2500(tmp_path_factory) -> Path:
+    """2,500 synthetic users prepared with the quickstart config: the training tests' data."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    root = tmp_path_factory.mktemp("prepared2500")
+    synth(str(root / "raw"), tasks=2500, seed=0)
+    prepare([str(root / "raw")], str(root / "prepared"), load_config("configs/quickstart.yaml").prepare)
+    return root / "prepared"

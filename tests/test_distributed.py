@@ -26,9 +26,6 @@ from cluster_helpers import (
 )
 
 from gmeta_tf.cluster.tf_config import parse_tf_config
-from gmeta_tf.config.loader import load_config
-from gmeta_tf.data.prepare import prepare
-from gmeta_tf.data.synth import synth
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.evaluation.evaluate import evaluate
 from gmeta_tf.train.trainer import load_trained
@@ -38,11 +35,8 @@ AUC_TOLERANCE = 0.03
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dist")
-    synth(str(root / "raw"), tasks=2500, seed=0)
-    prepare([str(root / "raw")], str(root / "prepared"), load_config("configs/quickstart.yaml").prepare)
-    return root / "prepared"
+def data_dir(prepared_2500):
+    return prepared_2500
 
 
 def _args(data_dir, run_dir, steps, T, *sets):

@@ -12,8 +12,6 @@ from click.testing import CliRunner
 
 from gmeta_tf.cli.main import cli
 from gmeta_tf.config.loader import load_config
-from gmeta_tf.data.prepare import prepare
-from gmeta_tf.data.synth import synth
 from gmeta_tf.evaluation.evaluate import evaluate
 from gmeta_tf.train.trainer import load_trained, train
 
@@ -21,11 +19,8 @@ MARGIN = 0.05
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    synth(str(root / "raw"), tasks=2500, seed=0)
-    prepare([str(root / "raw")], str(root / "prepared"), load_config("configs/quickstart.yaml").prepare)
-    return root / "prepared"
+def data_dir(prepared_2500):
+    return prepared_2500
 
 
 def _cfg(data_dir, *sets):
