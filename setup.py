@@ -17,6 +17,8 @@ setup(
         "PyYAML==6.0.2",
         "dacite==1.8.1",
         "scikit-learn==1.5.2",
+        "jsonschema==4.23.0",
+        "Jinja2==3.1.4",
     ],
     entry_points={"console_scripts": ["gmeta=gmeta_tf.cli.main:cli"]},
 )

@@ -215,3 +215,13 @@ def test_ps_serves_from_tf_config_and_stops_on_sigterm(tmp_path):
 def test_bad_tf_config_is_a_clear_error(raw, words):
     with pytest.raises(ClusterError, match=words):
         parse_tf_config(raw)
+
+
+def test_several_workers_without_ps_is_refused(data_dir, tmp_path):
+    """N Horovod ranks with local tables would each train their own embeddings: refuse it."""
+    bin_dir = Path(sys.executable).parent
+    r = subprocess.run([str(bin_dir / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", str(bin_dir / "gmeta"),
+                        "train", *_args(data_dir, tmp_path / "x", 5, 8)],
+                       capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "2 workers but no parameter servers" in out, out[-2000:]

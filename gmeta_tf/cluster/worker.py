@@ -109,6 +109,11 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log
     gpu = pin_gpu(sync.local_rank)
     ps = ps_addresses(cfg)
+    if sync.size > 1 and not ps:
+        raise ClusterError(
+            f"{sync.size} workers but no parameter servers: each rank would train its own copy of "
+            "the embedding tables. Pass --ps host:port,... (or cluster.ps / TF_CONFIG), or use "
+            "'gmeta launch local --workers N --ps M'")
     placement = load_placement(cfg.cluster.placement)
     if ps:
         wait_reachable(ps, cfg.cluster.connect_timeout_s)

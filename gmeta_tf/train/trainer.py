@@ -126,8 +126,6 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             start = ckpt.restore()
             if start:
                 rt.log(f"resumed from {ckpt.latest()} at step {start}")
-    if rt.ps_tasks == 0 and rt.rank != 0 and resume:
-        ckpt.restore()  # local tables (a multi-rank job without PS): every rank loads its copy
     start = rt.sync.broadcast_int(start)
     rt.sync.broadcast_variables(list(model.dense_variables.values()) + list(dense_opt.variables)
                                 + list(emb_opt.iterations().values()))
