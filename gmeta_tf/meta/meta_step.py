@@ -83,9 +83,10 @@ class TrainStep:
         dense_opt.build(self.dense_vars)
         emb_opt.build(model.shadows_by_table())
         # A name unique to this process: with PS tables the step's graph is partitioned and its
-        # PS parts are registered on the parameter servers under names derived from this one.
-        # Two workers registering same-named functions on one PS at once have crashed it
-        # (SIGSEGV), so every worker's names differ (tests/test_distributed.py keeps this).
+        # PS parts are registered on the parameter servers under names derived from this one,
+        # so the functions different workers register on a shared PS never share a name (and a
+        # PS log names the worker). The PS crashes we saw had another cause, see
+        # trainer.build_serialized.
         def step(batch):
             return self._step(batch)
 
