@@ -55,15 +55,15 @@ def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float):
     before: List[np.ndarray] = []
     after: List[np.ndarray] = []
     for batch in ds:
-        b, a = fn(batch)
+        b, a = (x.numpy() for x in fn(batch))
         tm = batch["task_mask"].numpy()
         mask = batch["query"]["mask"].numpy()
         y = batch["query"]["label"].numpy()
         for t in np.flatnonzero(tm > 0):
             keep = mask[t] > 0
             labels.append(y[t][keep])
-            before.append(b.numpy()[t][keep])
-            after.append(a.numpy()[t][keep])
+            before.append(b[t][keep])
+            after.append(a[t][keep])
             if cfg.eval.max_tasks and len(labels) >= cfg.eval.max_tasks:
                 return labels, before, after
     return labels, before, after

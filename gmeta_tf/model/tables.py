@@ -146,8 +146,7 @@ class EmbeddingTable:
         return [int(self.variable.size(i).numpy()) for i in range(len(self.devices))]
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:
-        keys, values = self.variable.export()
-        return keys.numpy(), values.numpy()
+        return export_variable(self.variable)
 
     def slot_variables(self, optimizer) -> List["de.Variable"]:
         """This table's optimizer slot tables (Adam: m, v).
@@ -185,10 +184,6 @@ def import_variable(var, keys: np.ndarray, values: np.ndarray, chunk: int = 1 <<
     for lo in range(0, len(keys), chunk):
         var.upsert(tf.constant(keys[lo:lo + chunk], tf.int64),
                    tf.constant(values[lo:lo + chunk], var.value_dtype))
-
-
-def clear_variable(var) -> None:
-    var.clear()
 
 
 def table_devices(ps_tasks: int, placement: Optional[List[int]] = None) -> List[str]:

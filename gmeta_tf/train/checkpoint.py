@@ -30,7 +30,7 @@ from gmeta_tf.model.tables import export_variable, import_variable
 LATEST = "latest"
 
 
-def _slot_key(table_name: str, slot_var, table_var) -> str:
+def _slot_key(table_name: str, slot_var) -> str:
     # Slot variables are named "<table var>/<shadow>/<slot>" (e.g. ".../m"); keep the slot part.
     return f"{table_name}.{slot_var.name.rsplit('/', 1)[-1]}"
 
@@ -70,7 +70,7 @@ class CheckpointManager:
         for table in self.model.tables:
             out[table.name] = table.variable
             for slot in table.slot_variables(self.emb_opt.for_shadow(table.shadow)):
-                out[_slot_key(table.name, slot, table.variable)] = slot
+                out[_slot_key(table.name, slot)] = slot
         return out
 
     def save(self, step: int, extra: Optional[dict] = None) -> Path:
@@ -129,9 +129,3 @@ class CheckpointManager:
             var.clear()
             import_variable(var, data["keys"], data["values"])
         return int(meta["step"])
-
-    def read_meta(self, path: Optional[Path] = None) -> dict:
-        path = path or self.latest()
-        if path is None:
-            raise CheckpointError(f"no checkpoint in {self.dir}")
-        return json.loads((path / "meta.json").read_text())

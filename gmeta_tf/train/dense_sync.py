@@ -67,7 +67,3 @@ class HorovodSync:
 
     def allreduce_scalar(self, value: float) -> float:
         return float(self.hvd.allreduce(tf.constant(value, tf.float64), op=self.hvd.Sum).numpy())
-
-
-def create_sync(distributed: bool):
-    return HorovodSync.create() if distributed else LocalSync()
