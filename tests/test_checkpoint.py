@@ -33,6 +33,22 @@ def _predict(model, batch):
     return before.numpy(), after.numpy()
 
 
+def _save_that_dies(ckpt, step, monkeypatch, on_table):
+    """``ckpt.save(step)`` with the ``on_table``-th table write failing (disk full, lost connection)."""
+    orig, calls = np.savez, []
+
+    def dies(*a, **k):
+        calls.append(1)
+        if len(calls) == on_table:
+            raise OSError("write failed")
+        return orig(*a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(np, "savez", dies)
+        with pytest.raises(OSError):
+            ckpt.save(step)
+
+
 @pytest.fixture(params=["local", "object-store"])
 def ck_dir(request, tmp_path):
     """A local directory, or an in-memory object store (``ram://``): same code, other commit."""
@@ -70,7 +86,7 @@ def test_restore_gives_identical_predictions_and_training(ck_dir):
     np.testing.assert_allclose(v1[np.argsort(k1)], v2[np.argsort(k2)], rtol=1e-6, atol=1e-7)
 
 
-def test_checkpoints_are_atomic_and_pruned(tmp_path):
+def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
     schema = tiny_schema("click")
     model, step, dense_opt, emb_opt = _setup(schema)
     step.step(random_batch(schema, T=4, seed=0))
@@ -83,17 +99,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert any(k.endswith(".m") for k in slots) and any(k.endswith(".v") for k in slots)
 
     # A save that dies half-way leaves only a .tmp- directory: latest still points at step 3.
-    orig = np.savez
-
-    def boom(*a, **k):
-        raise OSError("disk full")
-
-    np.savez = boom
-    try:
-        with pytest.raises(OSError):
-            ckpt.save(4)
-    finally:
-        np.savez = orig
+    _save_that_dies(ckpt, 4, monkeypatch, on_table=1)
     assert os.path.basename(ckpt.latest()) == "ckpt-00000003"
     assert not any(".tmp-" in n for n in os.listdir(tmp_path / "ck"))
     # An incomplete directory that a crash left behind is ignored.
@@ -101,7 +107,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert os.path.basename(ckpt.latest()) == "ckpt-00000003"
 
 
-def test_object_store_commit_is_meta_json_last():
+def test_object_store_commit_is_meta_json_last(monkeypatch):
     """On an object store nothing is renamed: a checkpoint whose ``meta.json`` (the commit) is
     missing -- an upload that died -- is never restored, even if ``latest`` names it, and the
     next save removes it."""
@@ -117,21 +123,7 @@ def test_object_store_commit_is_meta_json_last():
     assert storage.listdir(ck_dir) == ["ckpt-00000002", "ckpt-00000003", "latest"]
     assert not any(".tmp-" in n for n in storage.listdir(storage.join(ck_dir, "ckpt-00000003")))
 
-    orig = np.savez
-    calls = []
-
-    def dies_on_second_table(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise OSError("connection reset")
-        return orig(*a, **k)
-
-    np.savez = dies_on_second_table
-    try:
-        with pytest.raises(OSError):
-            ckpt.save(4)
-    finally:
-        np.savez = orig
+    _save_that_dies(ckpt, 4, monkeypatch, on_table=2)
     assert os.path.basename(ckpt.latest()) == "ckpt-00000003"
     assert "ckpt-00000004" not in storage.listdir(ck_dir)
 
