@@ -108,10 +108,14 @@ def _moves_from(st: State, sp: _Space, p: int) -> List[Move]:
                 shrink = Layout("row", lay.parts - 1)
                 if lay.parts > 2 and shrink in allowed:
                     moves.append(((n, shrink, where[:i] + where[i + 1:]),))
-        # swaps with a shard of another table on another PS
+        # swaps with a cheaper shard of another table on another PS (a dearer one cannot
+        # relieve ``p`` under the additive surrogate that ranks moves anyway)
+        mine = sp.solo_cost(sp.reg.ids(n, lay)[i])
         for q in others:
-            for s2 in st.sets[q]:
-                s2 = shard[s2]
+            for k2 in st.sets[q]:
+                if sp.solo_cost(k2) >= mine:
+                    continue
+                s2 = shard[k2]
                 m = s2.table
                 if m == n or p in st.where[m]:
                     continue
