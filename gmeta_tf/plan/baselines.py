@@ -31,6 +31,9 @@ KEYS: Dict[str, Callable[[TableStats, int], float]] = {
     "size-lookup-greedy": lambda t, slots: t.dim * t.pooling * math.log10(max(t.rows, 1)),
 }
 BASELINES = ["random", *KEYS]
+# Not a baseline: best-fit decreasing by bytes, the planner's fallback seed when memory is so
+# tight that every baseline fragments it and fails.
+PACK = "best-fit"
 
 
 def _place_greedy(state: State, t: TableStats, mem_per_ps: int, pick: Callable[[List[int], int], List[int]],
@@ -66,6 +69,15 @@ def greedy(tables: List[TableStats], ps: int, mem_per_ps: int, slots: int, algo:
 
         for t in order:
             _place_greedy(state, t, mem_per_ps, pick, load, 0.0)
+        return state
+    if algo == PACK:
+        order = sorted(tables, key=lambda t: (-t.bytes(slots), t.name))
+
+        def fullest(room, k):  # best fit: the PS with the least memory left that has room
+            return sorted(sorted(room, key=lambda p: (-state.mem[p], p))[:k])
+
+        for t in order:
+            _place_greedy(state, t, mem_per_ps, fullest, load, 0.0)
         return state
     if algo not in KEYS:
         raise PlanError(f"unknown algorithm {algo!r}; choose planner or one of {', '.join(BASELINES)}")

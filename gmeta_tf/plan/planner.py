@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Evaluator, Plan, Registry, State, to_plan
-from gmeta_tf.plan.baselines import BASELINES, greedy
+from gmeta_tf.plan.baselines import BASELINES, PACK, greedy
 from gmeta_tf.plan.cost_model import load_cost_model
 from gmeta_tf.plan.enumerate import Layout, shards_of
 from gmeta_tf.plan.search import search
@@ -84,7 +84,12 @@ def make_plan(tables: List[TableStats], ps: int, mem_per_ps: int, algo: str = "p
         seeds.append(st)
         scores[b] = max(st.costs)
     if not seeds:
-        raise first_error  # every baseline failed: its message names the table that did not fit
+        try:
+            st = greedy(tables, ps, mem_per_ps, optimizer_slots, PACK, seed, reg)
+        except PlanError:
+            raise first_error from None  # names the table the first baseline could not fit
+        st.rescore(ev)
+        seeds.append(st)
     seeds.sort(key=lambda s: s.key())
     best = search(seeds[:N_SEEDS], mem_per_ps, ev, seed=seed)
     plan = to_plan(best, "planner", mem_per_ps, samples_per_step)
