@@ -165,3 +165,10 @@ def test_restore_re_cuts_tables_saved_under_another_split(tmp_path):
                 bk, bv = b.slot_variables(step.emb_opt.for_shadow(b.shadow))[0].export()
                 o1, o2 = np.argsort(keys), np.argsort(bk.numpy())
                 np.testing.assert_array_equal(vals[o1][:, i * 4:(i + 1) * 4], bv.numpy()[o2])
+
+
+def test_placement_naming_an_unknown_table_is_refused():
+    from gmeta_tf.errors import ClusterError
+
+    with pytest.raises(ClusterError, match=r"names table\(s\) \['itme'\] that the data does not have"):
+        DLRM(MODEL, tiny_schema("click"), placement={"itme": [0]})
