@@ -31,6 +31,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf import storage as store
 from gmeta_tf.errors import CheckpointError
+from gmeta_tf.model.column_split import load_resplit, sync_block_iterations, table_iterations
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.tables import export_variable, import_variable
 
@@ -58,7 +59,7 @@ class CheckpointManager:
             step=self.step,
             dense={k.replace("/", "."): v for k, v in model.dense_variables.items()},
             dense_optimizer=dense_opt,
-            embedding_optimizer_iterations=emb_opt.iterations(),
+            embedding_optimizer_iterations=table_iterations(model, emb_opt),
         )
 
     # -- listing ------------------------------------------------------------------------------
@@ -83,7 +84,7 @@ class CheckpointManager:
     # -- save ---------------------------------------------------------------------------------
     def tables_to_save(self) -> Dict[str, object]:
         out = {}
-        for table in self.model.tables:
+        for table in self.model.storage_tables():  # column-split tables: every block
             out[table.name] = table.variable
             for slot in table.slot_variables(self.emb_opt.for_shadow(table.shadow)):
                 out[_slot_key(table.name, slot)] = slot
@@ -143,11 +144,17 @@ class CheckpointManager:
             raise CheckpointError(
                 f"checkpoint {path} does not match this model's dense weights "
                 f"(was it written with another model config?): {str(e).splitlines()[0]}") from None
+        sync_block_iterations(self.model, self.emb_opt)
         for key, var in self.tables_to_save().items():
             f = store.join(path, "tables", f"{key}.npz")
-            if not store.exists(f):
-                raise CheckpointError(f"checkpoint {path} has no table file {store.basename(f)}")
-            data = store.load_npz(f)
+            if store.exists(f):
+                data = store.load_npz(f)
+                keys, values = data["keys"], data["values"]
+            else:  # saved under another column split of the table (plan changed, or evaluation)
+                got = load_resplit(store.join(path, "tables"), key, self.model.table_names)
+                if got is None:
+                    raise CheckpointError(f"checkpoint {path} has no table file {store.basename(f)}")
+                keys, values = got
             var.clear()
-            import_variable(var, data["keys"], data["values"])
+            import_variable(var, keys, values)
         return int(meta["step"])
