@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from gmeta_tf.plan.assignment import Evaluator, Key, State, objective
-from gmeta_tf.plan.enumerate import WHOLE, Layout, candidate_layouts
+from gmeta_tf.plan.enumerate import WHOLE, Layout, candidate_layouts, smallest_fitting_row_split
 from gmeta_tf.plan.spec import TableStats
 
 Change = Tuple[str, Layout, Tuple[int, ...]]
@@ -209,7 +209,7 @@ def _split_kick(st: State, sp: _Space) -> frozenset:
     caller therefore rebalances with these tables' layouts frozen before a free descent.
     """
     fair_half = sum(st.costs) / sp.ps / 2
-    split = []
+    split, used = [], set()  # a PS takes at most one new half, or halves pile up again
     names = sorted((n for n, lay in st.layout.items() if lay.kind == "table"),
                    key=lambda n: (-sp.solo_cost(sp.reg.ids(n, WHOLE)[0]), n))
     for n in names:
@@ -220,12 +220,13 @@ def _split_kick(st: State, sp: _Space) -> frozenset:
         for lay in (Layout("column", 2), Layout("row", 2)):
             if lay not in sp.allowed[n] or done:
                 continue
-            for q in sorted(range(sp.ps), key=lambda q: (st.costs[q], q)):
+            for q in sorted(range(sp.ps), key=lambda q: (q in used, st.costs[q], q)):
                 d = _delta(st, sp, ((n, lay, (p, q)),)) if q != p else None
                 if d is not None:
                     (_, mv, new), = _exact(st, sp, [(((n, lay, (p, q)),), d)])
                     _commit(st, mv, new)
                     split.append(n)
+                    used.update((p, q))
                     done = True
                     break
     return frozenset(split)
@@ -251,7 +252,7 @@ def split_seed(tables: Sequence[TableStats], ps: int, mem_per_ps: int, slots: in
     layouts = {}
     for t in tables:
         lays = candidate_layouts(t, ps, mem_per_ps, slots)
-        lay = WHOLE if WHOLE in lays else lays[0]
+        lay = smallest_fitting_row_split(t, ps, mem_per_ps, slots) or lays[0]  # as the baselines do
         if whole[t.name] > half_share:
             split = sorted((x for x in lays if x.parts > 1), key=lambda x: x.parts)
             scored = [(max(solo(reg.ids(t.name, x))), x) for x in split]
@@ -263,9 +264,12 @@ def split_seed(tables: Sequence[TableStats], ps: int, mem_per_ps: int, slots: in
     def nbytes(name, i):
         return reg.nbytes[reg.ids(name, layouts[name])[i]]
 
-    # dearest first (LPT); if memory is too tight for that, biggest first (packing), same rule
-    for order in (lambda x: (-x[0], x[1], x[2]), lambda x: (-nbytes(x[1], x[2]), -x[0], x[1], x[2])):
-        where = _lpt(sorted(items, key=order), layouts, ps, mem_per_ps, nbytes)
+    # dearest first (LPT); if memory is too tight for that, biggest first with the big ones
+    # packed best-fit (each on the fullest PS that still has room), the rest still by cost
+    dearest = sorted(items, key=lambda x: (-x[0], x[1], x[2]))
+    biggest = sorted(items, key=lambda x: (-nbytes(x[1], x[2]), -x[0], x[1], x[2]))
+    for order, big in ((dearest, None), (biggest, mem_per_ps // 20)):
+        where = _lpt(order, layouts, ps, mem_per_ps, nbytes, big)
         if where is not None:
             st = State.empty(tables, ps, slots, reg)
             for name, lay in layouts.items():
@@ -275,7 +279,58 @@ def split_seed(tables: Sequence[TableStats], ps: int, mem_per_ps: int, slots: in
     return None
 
 
-def _lpt(items, layouts, ps: int, mem_per_ps: int, nbytes):
+def repair_seed(base: State, mem_per_ps: int, ev: Evaluator, light_frac: float = 0.05) -> Optional[State]:
+    """``base`` with its memory-light tables re-placed by LPT, dominant ones split first.
+
+    Under tight memory the big tables decide what fits where and the baselines place them
+    feasibly, while the hot tables that decide the cost are often small. So keep the big
+    tables where ``base`` put them, take every table of at most ``light_frac`` of a PS's memory
+    out, split those that cost more than half a PS's fair share, and put their shards back
+    dearest first onto the PS with the lowest cost (memory and one-shard-per-PS permitting).
+    """
+    reg, ps, slots = base.reg, base.ps, base.slots
+    light = [n for n, t in base.tables.items() if t.bytes(slots) <= light_frac * mem_per_ps]
+    if not light:
+        return None
+    st = State.empty(base.tables.values(), ps, slots, reg)
+    for n in base.tables:
+        if n not in light:
+            st.place(n, base.layout[n], base.where[n])
+    st.rescore(ev)
+
+    def solo(ids):
+        return ev.costs(reg, [frozenset([i]) for i in ids])
+
+    fair_half = sum(base.costs) / ps / 2
+    items, layouts = [], {}
+    for n in light:
+        t = base.tables[n]
+        lay = WHOLE
+        if solo(reg.ids(n, WHOLE))[0] > fair_half:  # the fewest parts that get under it, else the cheapest
+            scored = [(max(solo(reg.ids(n, x))), x.parts, x) for x in candidate_layouts(t, ps, mem_per_ps, slots)]
+            under = [x for c, _, x in sorted(scored, key=lambda y: y[1]) if c <= fair_half]
+            lay = under[0] if under else min(scored, key=lambda y: (y[0], y[1]))[2]
+        layouts[n] = lay
+        items += [(c, n, i) for i, c in enumerate(solo(reg.ids(n, lay)))]
+    load, mem = list(st.costs), list(st.mem)
+    where = {n: [None] * lay.parts for n, lay in layouts.items()}
+    for c, n, i in sorted(items, key=lambda x: (-x[0], x[1], x[2])):
+        need = reg.nbytes[reg.ids(n, layouts[n])[i]]
+        room = [p for p in range(ps) if mem[p] + need <= mem_per_ps and p not in where[n]]
+        if not room:
+            return None
+        p = min(room, key=lambda q: (load[q], q))
+        where[n][i] = p
+        load[p] += c
+        mem[p] += need
+    for n, lay in layouts.items():
+        st.place(n, lay, where[n])
+    st.rescore(ev)
+    return st
+
+
+def _lpt(items, layouts, ps: int, mem_per_ps: int, nbytes, big: Optional[int]):
+    """Each item on the least-loaded PS with room (items of ``big`` bytes or more: best fit)."""
     load, mem = [0.0] * ps, [0] * ps
     where = {n: [None] * lay.parts for n, lay in layouts.items()}
     for c, name, i in items:
@@ -283,7 +338,10 @@ def _lpt(items, layouts, ps: int, mem_per_ps: int, nbytes):
         room = [p for p in range(ps) if mem[p] + need <= mem_per_ps and p not in where[name]]
         if not room:
             return None
-        p = min(room, key=lambda q: (load[q], q))
+        if big is not None and need >= big:
+            p = min(room, key=lambda q: (mem_per_ps - mem[q] - need, q))
+        else:
+            p = min(room, key=lambda q: (load[q], q))
         where[name][i] = p
         load[p] += c
         mem[p] += need
