@@ -21,6 +21,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
+from gmeta_tf.hot.rows import build_hot_rows
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.metaio.reader import load_schema, make_dataset
@@ -61,7 +62,8 @@ def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
 def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: Path):
     model = build_model(cfg, schema, rt)
     dense_opt, emb_opt = make_optimizers(cfg.train, rt.size)
-    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync)  # creates the slot tables
+    hot = build_hot_rows(cfg, model, rt.sync, log=rt.log)  # None unless hot.budget > 0
+    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync, hot=hot)  # creates the slot tables
     ckpt = CheckpointManager(run_dir / "checkpoints", model, dense_opt, emb_opt,
                              keep=cfg.train.keep_checkpoints)
     return model, dense_opt, emb_opt, step_fn, ckpt
@@ -127,8 +129,14 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             if start:
                 rt.log(f"resumed from {ckpt.latest()} at step {start}")
     start = rt.sync.broadcast_int(start)
+    hot = step_fn.hot
+    if hot is not None:
+        hot.check_same_everywhere(rt.sync)
+        if rt.rank == 0:  # from the (restored) PS tables; the broadcast below hands them out
+            hot.load(emb_opt)
     rt.sync.broadcast_variables(list(model.dense_variables.values()) + list(dense_opt.variables)
-                                + list(emb_opt.iterations().values()))
+                                + list(emb_opt.iterations().values())
+                                + (hot.state_variables if hot is not None else []))
 
     history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(str(run_dir / "tb")) if rt.rank == 0 else None
@@ -183,6 +191,8 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             # consistent state and not a mix of before and after other ranks' updates.
             rt.sync.barrier()
             if rt.rank == 0:
+                if hot is not None:  # replicas are identical: rank 0's copy is everyone's
+                    hot.write_back(emb_opt)
                 ckpt.save(step, {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks})
             rt.sync.barrier()
     rank_tps = (total_steps * T / total_time) if total_time else float("nan")
@@ -193,9 +203,12 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         "dense_digest": dense_digest(model),
         "table_rows_per_ps": {t.name: t.shard_sizes() for t in model.tables} if rt.rank == 0 else {},
     }
+    rank_file = {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step")}
+    if hot is not None:  # after the last checkpoint's write-back: the PS must match every rank
+        rank_file.update(hot_digest=hot.digest(), hot_rows=hot.hot_set.rows,
+                         hot_ps_mismatches=hot.ps_mismatches())
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
-    (run_dir / "ranks" / f"rank{rt.rank}.json").write_text(json.dumps(
-        {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step")}, indent=1))
+    (run_dir / "ranks" / f"rank{rt.rank}.json").write_text(json.dumps(rank_file, indent=1))
     if rt.rank == 0:
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
         if writer is not None:
