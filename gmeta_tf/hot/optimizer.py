@@ -4,9 +4,10 @@ Why not a Keras optimizer: Keras' Adam applied to an ``IndexedSlices`` decays th
 *every* row and moves every row (dense update), while TFRA's wrapper updates only the rows
 looked up in the step (their slots are read from and written back to the slot tables). A row
 must train the same whether it is hot or cold, so this applies Keras' formulas (same
-defaults: ``beta_1=0.9, beta_2=0.999, epsilon=1e-7``; Adagrad ``initial_accumulator_value=0.1``)
-to the touched rows only, with the table's own step counter (``iterations`` of its TFRA
-optimizer) for Adam's bias correction. Slot names match TFRA's slot tables (``m``, ``v``,
+defaults: ``beta_1=0.9, beta_2=0.999, epsilon=1e-7``) to the touched rows only, with the table's own step counter (``iterations`` of its TFRA
+optimizer) for Adam's bias correction. New slot rows start at 0 for every slot, Adagrad's
+accumulator included: that is what TFRA's slot tables give a new row (measured; Keras' own
+``initial_accumulator_value=0.1`` does not reach them). Slot names match TFRA's slot tables (``m``, ``v``,
 ``accumulator``) so checkpoints can write them back.
 
 Deterministic and identical on every rank: the inputs (aggregated slots and gradients from
@@ -22,9 +23,8 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 
 BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7
-ADAGRAD_INIT = 0.1
 SLOT_NAMES = {"adam": ("m", "v"), "adagrad": ("accumulator",)}
-SLOT_INIT = {"m": 0.0, "v": 0.0, "accumulator": ADAGRAD_INIT}
+SLOT_INIT = {"m": 0.0, "v": 0.0, "accumulator": 0.0}
 
 
 class LazyRowOptimizer:
