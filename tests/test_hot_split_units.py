@@ -66,6 +66,14 @@ def test_profile_exact_and_sketch_agree_on_top_ids(prepared_2500, tmp_path):
     assert all(c >= truth[i] for i, c in zip(s.ids[:200].tolist(), s.counts[:200].tolist()))
     # Coverage curve ends at 100% for an exact table that recorded every id.
     assert e.coverage(len(e.ids)) == pytest.approx(1.0)
+    # "Complete" (every train id recorded) only for exact counts over the whole split.
+    assert e.complete and exact["device"].complete and not s.complete
+    assert not any(p.complete for p in profile_ids(prepared_2500, sample=0.5).values())
+    dims = {t: 16 for t in exact}
+    hs = select_hot(exact, dims, "adam", 10**9)
+    assert all(hs.local_only.values())  # everything fits: no table needs the PS in training
+    hs = select_hot(exact, dims, "adam", 200_000)
+    assert hs.local_only["device"] and not hs.local_only["item_id"]
 
     write_profile(tmp_path, exact, {"sample": 1.0})
     back = load_profile(tmp_path / "id_profile.npz")
@@ -150,14 +158,17 @@ def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt):
         model = _model_with_rows(schema, batches)
         dense_opt, emb_opt = make_optimizers(tcfg)
         rows = None
-        if hot:  # half of item's ids, every city id, no tag (a table left plain)
+        if hot:  # half of item's ids; every city id (no PS lookups at all); no tag (a plain table)
             ids = {"item": np.arange(0, 50, 2, dtype=np.int64), "city": np.arange(5, dtype=np.int64),
                    "tags": np.zeros(0, np.int64)}
-            hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1)
+            hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1, local_only={"city": True})
             rows = HotRows(model, hs, LocalSync(), optimizer, tcfg.embedding_learning_rate,
                            {"item": 100, "city": 100, "tags": 300})
             assert [type(t).__name__ for t in model.tables] == ["HotColdTable", "HotColdTable", "EmbeddingTable"]
         step = TrainStep(model, meta, dense_opt, emb_opt, LocalSync(), hot=rows)
+        if rows is not None:
+            assert [t.local_only for t in rows.tables] == [False, True]
+            assert len(step.shadows) == 2  # city's shadow has no TFRA apply
         if rows is not None:
             rows.load(emb_opt)
         losses = [float(step.step(b)["loss"]) for b in batches]

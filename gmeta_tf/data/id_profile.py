@@ -109,6 +109,9 @@ class TableProfile:
     counts: np.ndarray
     lookups: int  # lookups counted for this table (the coverage denominator)
     distinct: int  # exact distinct ids, or -1 for a sketch
+    # Every id of the train split is recorded (exact count, whole split, nothing cut by top_k):
+    # a hot set holding all of them can serve the table without the PS during training.
+    complete: bool = False
 
     def coverage(self, n: int) -> float:
         return float(self.counts[:n].sum() / self.lookups) if self.lookups else 0.0
@@ -160,7 +163,8 @@ class _Counter:
         flat = np.concatenate(self._ids) if self._ids else np.zeros(0, np.int64)
         u, c = np.unique(flat, return_counts=True)
         order = np.lexsort((u, -c))[: self.top_k]
-        return TableProfile(name, "exact", u[order], c[order].astype(np.int64), self.lookups, int(u.size))
+        return TableProfile(name, "exact", u[order], c[order].astype(np.int64), self.lookups, int(u.size),
+                            complete=len(order) == u.size)
 
 
 def _table_columns(schema: dict) -> Dict[str, List[str]]:
@@ -201,7 +205,11 @@ def profile_ids(data_dir: str | Path, sample: float = 1.0, exact_max_ids: int = 
             for table, cols in columns.items():
                 for col in cols:
                     counters[table].add(_column_ids(rg.column(col).combine_chunks()))
-    return {t: c.result(t) for t, c in counters.items()}
+    out = {t: c.result(t) for t, c in counters.items()}
+    if sample < 1.0:
+        for p in out.values():
+            p.complete = False
+    return out
 
 
 def coverage_curve(p: TableProfile, points: Iterable[int] = ()) -> Dict[str, float]:
@@ -216,11 +224,12 @@ def write_profile(data_dir: str | Path, profiles: Dict[str, TableProfile], meta:
     for t, p in profiles.items():
         arrays[f"{t}.ids"], arrays[f"{t}.counts"] = p.ids, p.counts
         arrays[f"{t}.lookups"] = np.array(p.lookups, np.int64)
+        arrays[f"{t}.complete"] = np.array(p.complete)
     tmp = data_dir / (PROFILE_NPZ + ".tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(data_dir / PROFILE_NPZ)
     summary = {**meta, "tables": {t: {
-        "method": p.method, "lookups": p.lookups, "distinct": p.distinct, "recorded": int(len(p.ids)),
+        "method": p.method, "complete": p.complete, "lookups": p.lookups, "distinct": p.distinct, "recorded": int(len(p.ids)),
         "top": [[int(i), int(c)] for i, c in zip(p.ids[:10], p.counts[:10])],
         "coverage": coverage_curve(p)} for t, p in profiles.items()}}
     (data_dir / PROFILE_JSON).write_text(json.dumps(summary, indent=1))
@@ -239,7 +248,9 @@ def load_profile(path: str | Path) -> Dict[str, TableProfile]:
         if js.is_file():
             method = {t: v.get("method", "?") for t, v in json.loads(js.read_text())["tables"].items()}
         return {t: TableProfile(t, method.get(t, "?"), z[f"{t}.ids"], z[f"{t}.counts"],
-                                int(z[f"{t}.lookups"]), -1) for t in names}
+                                int(z[f"{t}.lookups"]), -1,
+                                complete=bool(z[f"{t}.complete"]) if f"{t}.complete" in z.files else False)
+                for t in names}
 
 
 def format_profile(profiles: Dict[str, TableProfile]) -> str:

@@ -40,7 +40,7 @@ class HotRows:
         for i, table in enumerate(model.tables):
             ids = hot_set.ids.get(table.name)
             if ids is not None and len(ids):
-                model.tables[i] = HotColdTable(table, ids)
+                model.tables[i] = HotColdTable(table, ids, hot_set.local_only.get(table.name, False))
                 self.tables.append(model.tables[i])
         self.names = [t.name for t in self.tables]
         self.opt = LazyRowOptimizer(optimizer, lr, {t.name: t.values for t in self.tables})
@@ -52,12 +52,20 @@ class HotRows:
     def variables(self) -> List[tf.Variable]:
         return [t.values for t in self.tables]
 
+    def remote_shadows(self, shadows: List) -> List:
+        """The shadows the TFRA optimizer still applies to (local-only tables have no PS work)."""
+        local = {t.shadow.name for t in self.tables if t.local_only}
+        return [s for s in shadows if s.name not in local]
+
     def apply(self, grads: List, emb_opt) -> None:
         """Aggregate over ranks, then update. Call before the tables' own apply (it reads their
-        step counters, which that apply increments)."""
+        step counters, which that apply increments; a local-only table's is advanced here, so
+        Adam's bias correction and the checkpointed counter stay what the PS path has)."""
         for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
             iterations = emb_opt.for_shadow(table.shadow).iterations
             self.opt.apply(table.values, table.name, slots, grad, iterations)
+            if table.local_only:
+                iterations.assign_add(1)
 
     # -- state ----------------------------------------------------------------------------------
     @property

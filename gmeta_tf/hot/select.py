@@ -11,7 +11,7 @@ prefix of the same ranking.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict
 
 import numpy as np
@@ -34,6 +34,9 @@ class HotSet:
     lookups: Dict[str, int]  # profiled lookups per table
     bytes_used: int
     budget: int
+    # Tables whose hot rows are every id of the train split (a complete profile): served
+    # without the PS at all during training (``HotColdTable(local_only=True)``).
+    local_only: Dict[str, bool] = field(default_factory=dict)
 
     def coverage(self, table: str) -> float:
         return self.covered[table] / self.lookups[table] if self.lookups.get(table) else 0.0
@@ -52,7 +55,8 @@ class HotSet:
                  f"{self.budget / 2**20:.2f} MiB per worker (values + optimizer slots), "
                  f"covers {self.total_coverage:.1%} of profiled lookups"]
         for t in self.ids:
-            lines.append(f"  {t:<16} {len(self.ids[t]):>9,} rows  {self.coverage(t):6.1%} of its lookups")
+            where = "  (every train id: no PS lookups)" if self.local_only.get(t) else ""
+            lines.append(f"  {t:<16} {len(self.ids[t]):>9,} rows  {self.coverage(t):6.1%} of its lookups{where}")
         return "\n".join(lines)
 
 
@@ -79,9 +83,10 @@ def select_hot(profiles: Dict[str, TableProfile], dims: Dict[str, int], optimize
     order = np.lexsort((rank, owner, -(counts / sizes)))
     fits = np.cumsum(sizes[order]) <= budget
     chosen = order[fits] if fits.all() else order[: int(np.argmin(fits))]
-    ids, covered = {}, {}
+    ids, covered, local_only = {}, {}, {}
     for k, t in enumerate(names):
         r = np.sort(rank[chosen][owner[chosen] == k])  # a prefix of the table's ranking
         ids[t] = np.asarray(profiles[t].ids, np.int64)[r]
         covered[t] = int(np.asarray(profiles[t].counts, np.int64)[r].sum())
-    return HotSet(ids, covered, lookups, int(sizes[chosen].sum()), budget)
+        local_only[t] = bool(profiles[t].complete) and len(r) == len(profiles[t].ids) > 0
+    return HotSet(ids, covered, lookups, int(sizes[chosen].sum()), budget, local_only)

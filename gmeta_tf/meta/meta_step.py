@@ -79,6 +79,8 @@ class TrainStep:
         self.sync = sync
         self.dense_vars: List[tf.Variable] = list(model.dense_variables.values())
         self.shadows = model.trainable_shadows()
+        if hot is not None:  # tables served wholly by hot rows have no TFRA apply
+            self.shadows = hot.remote_shadows(self.shadows)
         self._loss = loss_fn(model, meta)
         # Create every optimizer slot now, outside the compiled step: a fresh run and a run
         # restored from a checkpoint then hold the same optimizer state in the same layout

@@ -13,6 +13,12 @@ meta step, the checkpoint and the evaluation code do not know about the split. O
   one ``UniqueLookup`` exactly as from the plain table, and gradients flow to the hot
   variable (as ``IndexedSlices`` on the touched slots) and to the shadow (cold rows).
 
+With ``local_only`` (the hot set holds every id of the train split, see ``hot/select.py``) the
+table never talks to the PS during training: no cold lookup, and the meta step leaves its
+shadow out of the TFRA apply. An id outside the hot set then fails the step with an error
+naming the table instead of being served a wrong row (it can only come from a profile of other
+data).
+
 Hot ids never reach the PS during training, so the PS copy of a hot row is stale until
 ``HotRows.write_back`` copies it there (checkpoint time).
 """
@@ -26,8 +32,9 @@ from gmeta_tf.model.tables import EmbeddingTable, UniqueLookup
 
 
 class HotColdTable:
-    def __init__(self, base: EmbeddingTable, hot_ids: np.ndarray):
+    def __init__(self, base: EmbeddingTable, hot_ids: np.ndarray, local_only: bool = False):
         self.base = base
+        self.local_only = bool(local_only)
         self.hot_ids = np.asarray(hot_ids, np.int64)
         k = len(self.hot_ids)
         self.slot_of = tf.lookup.StaticHashTable(
@@ -53,6 +60,13 @@ class HotColdTable:
         cold_pos = tf.cast(tf.reshape(tf.where(valid & ~hot), [-1]), tf.int32)
         hot_pos = tf.cast(tf.reshape(tf.where(hot), [-1]), tf.int32)
         pad_pos = tf.cast(tf.reshape(tf.where(~valid), [-1]), tf.int32)
+        if self.local_only:
+            tf.debugging.assert_equal(
+                tf.size(hot_pos) + tf.size(pad_pos), tf.size(uniq),
+                message=f"table '{self.base.name}': an id outside the hot set, which the id profile "
+                        f"said holds every train id; re-run 'gmeta data profile' on this data")
+            rows = tf.gather(self.values, tf.maximum(slot, 0)) * tf.cast(hot, tf.float32)[:, None]
+            return UniqueLookup(rows=rows, index=index)
         cold = self.base.lookup_unique([tf.gather(uniq, cold_pos)], trainable=trainable)
         cold_rows = tf.gather(cold.rows, cold.index)
         hot_rows = tf.gather(self.values, tf.gather(slot, hot_pos))
