@@ -207,3 +207,21 @@ def test_hot_lookup_equals_plain_lookup_and_pads_are_zero():
     flat = tf.concat([tf.reshape(x, [-1]) for x in ids], 0).numpy()
     assert (flat < 0).any()  # the batch has pads, and they map to zero rows
     assert not b.rows.numpy()[b.index.numpy()[flat < 0]].any()
+
+
+def test_budget_zero_is_the_plain_path(tmp_path):
+    from gmeta_tf.hot.rows import build_hot_rows
+
+    schema = tiny_schema("click")
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), schema)
+    before = list(model.tables)
+    # No profile needed (this one does not exist), nothing wrapped, no hot variables in the step.
+    cfg = load_config(None, ["hot.budget=0", f"hot.profile={tmp_path / 'missing.npz'}"])
+    assert build_hot_rows(cfg, model, LocalSync()) is None
+    assert model.tables == before
+    dense_opt, emb_opt = make_optimizers(cfg.train)
+    step = TrainStep(model, MetaConfig(), dense_opt, emb_opt, LocalSync(), hot=None)
+    assert step.hot_vars == [] and step.shadows == model.trainable_shadows()
+    with pytest.raises(DataError, match="missing.npz"):
+        build_hot_rows(load_config(None, ["hot.budget=1MiB", f"hot.profile={tmp_path / 'missing.npz'}"]),
+                       model, LocalSync())

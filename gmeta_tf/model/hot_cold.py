@@ -21,6 +21,12 @@ data).
 
 Hot ids never reach the PS during training, so the PS copy of a hot row is stale until
 ``HotRows.write_back`` copies it there (checkpoint time).
+
+Not done: prefetching batch t+1's cold rows while step t computes. The TFRA shadow lookup is
+both the PS read and the record of which rows the optimizer updates, so an early read needs a
+PS-side apply of our own (with ``bp_v2`` delta semantics, so concurrent workers still add up).
+It would be exact for cold rows that step t does not update and one step stale for the rest,
+the same staleness the asynchronous PS path already has across workers.
 """
 from __future__ import annotations
 
