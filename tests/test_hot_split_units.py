@@ -225,3 +225,24 @@ def test_budget_zero_is_the_plain_path(tmp_path):
     with pytest.raises(DataError, match="missing.npz"):
         build_hot_rows(load_config(None, ["hot.budget=1MiB", f"hot.profile={tmp_path / 'missing.npz'}"]),
                        model, LocalSync())
+
+
+def test_profile_command_writes_files_and_prints_coverage(prepared_2500, tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from gmeta_tf.cli.main import cli
+
+    data = tmp_path / "prepared"
+    shutil.copytree(prepared_2500, data)
+    r = CliRunner().invoke(cli, ["data", "profile", str(data), "--exact-max-ids", "5000",
+                                 "--set", "hot.budget=1MiB"])
+    assert r.exit_code == 0, r.output
+    assert "item_id          sketch" in r.output and "device           exact" in r.output
+    assert "hot set:" in r.output and "of 1.00 MiB per worker" in r.output
+    summary = json.loads((data / PROFILE_JSON).read_text())
+    assert summary["tables"]["item_id"]["method"] == "sketch" and summary["exact_max_ids"] == 5000
+    assert (data / "id_profile.npz").is_file()
+    r = CliRunner().invoke(cli, ["data", "profile", str(data), "--sample", "0"])
+    assert r.exit_code == 2 and "--sample" in r.output
