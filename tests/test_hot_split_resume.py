@@ -67,3 +67,18 @@ def test_checkpoint_holds_hot_rows_and_resume_may_change_the_budget(prepared_250
     assert r["hot_rows"] == small.rows and r["hot_ps_mismatches"] == 0
     s = train(_cfg(prepared_2500, profile, 0, 40), run)
     assert s["start_step"] == 30 and "hot_digest" not in json.loads((run / "ranks" / "rank0.json").read_text())
+
+
+def test_local_only_table_meeting_an_unprofiled_id_is_a_clear_error(prepared_2500, profile, tmp_path):
+    from gmeta_tf.errors import DataError
+
+    # A profile that claims to be complete for 'device' but lacks its hottest id (stale data).
+    profiles = load_profile(profile)
+    dev = profiles["device"]
+    assert dev.complete
+    dev.ids, dev.counts = dev.ids[1:], dev.counts[1:]
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    write_profile(stale, profiles, {"sample": 1.0})
+    with pytest.raises(DataError, match="step 1: hot table device: an id outside the hot set.*gmeta data profile"):
+        train(_cfg(prepared_2500, stale / "id_profile.npz", "1MiB", 5), tmp_path / "run")

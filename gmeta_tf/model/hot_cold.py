@@ -69,8 +69,8 @@ class HotColdTable:
         if self.local_only:
             tf.debugging.assert_equal(
                 tf.size(hot_pos) + tf.size(pad_pos), tf.size(uniq),
-                message=f"table '{self.base.name}': an id outside the hot set, which the id profile "
-                        f"said holds every train id; re-run 'gmeta data profile' on this data")
+                message=f"hot table {self.base.name}: an id outside the hot set, which the id profile "
+                        f"said holds every train id; re-run gmeta data profile on this data")
             rows = tf.gather(self.values, tf.maximum(slot, 0)) * tf.cast(hot, tf.float32)[:, None]
             return UniqueLookup(rows=rows, index=index)
         cold = self.base.lookup_unique([tf.gather(uniq, cold_pos)], trainable=trainable)

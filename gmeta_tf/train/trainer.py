@@ -158,6 +158,13 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             if rt.ps_tasks:
                 raise lost_ps_error(e, rt, step) from None
             raise
+        except tf.errors.InvalidArgumentError as e:  # a local-only hot table met an unprofiled id
+            found = re.search(r"hot table \S+: an id outside the hot set[^\]\n]*", str(e))
+            if found:
+                from gmeta_tf.errors import DataError
+
+                raise DataError(f"rank {rt.rank}, step {step}: {found.group(0)}") from None
+            raise
         loss = float(out["loss"])
         if not math.isfinite(loss):
             raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {step}; lower the learning rates")
