@@ -246,3 +246,17 @@ def test_profile_command_writes_files_and_prints_coverage(prepared_2500, tmp_pat
     assert (data / "id_profile.npz").is_file()
     r = CliRunner().invoke(cli, ["data", "profile", str(data), "--sample", "0"])
     assert r.exit_code == 2 and "--sample" in r.output
+
+
+def test_prepare_profile_flag_writes_the_profile(synth_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from gmeta_tf.cli.main import cli
+
+    out = tmp_path / "p"
+    r = CliRunner().invoke(cli, ["data", "prepare", "--input", str(synth_dir), "--out", str(out),
+                                 "--min-task-size", "30", "--query", "4", "--shards", "2", "--profile"])
+    assert r.exit_code == 0, r.output
+    profiles = load_profile(out / "id_profile.npz")
+    assert set(profiles) == {"item_id", "item_category", "user_city", "user_segment", "device", "hour", "item_tags"}
+    assert all(p.lookups > 0 for p in profiles.values())

@@ -123,8 +123,8 @@ class _Counter:
     def __init__(self, exact_max_ids: int, top_k: int, width: int, depth: int, seed: int):
         self.exact_max_ids, self.top_k = exact_max_ids, top_k
         self.width, self.depth, self.seed = width, depth, seed
-        self.exact: Optional[Dict[int, int]] = None
-        self._ids: List[np.ndarray] = []
+        self._pending: List[np.ndarray] = []  # raw ids not merged into (_u, _c) yet
+        self._u, self._c = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self.sketch: Optional[CountMinSketch] = None
         self.heap: Optional[TopKHeap] = None
         self.lookups = 0
@@ -135,36 +135,38 @@ class _Counter:
             return
         self.lookups += int(ids.size)
         if self.sketch is None:
-            self._ids.append(ids)
-            if sum(a.size for a in self._ids) > 4 * self.exact_max_ids:  # compact now and then
-                self._compact()
+            self._pending.append(ids)
+            if sum(a.size for a in self._pending) > 4 * self.exact_max_ids:
+                self._merge()
             return
         u, c = np.unique(ids, return_counts=True)
         self.sketch.add(u, c)
         self.heap.offer(self.sketch, u)
 
-    def _compact(self) -> None:
-        u, c = np.unique(np.concatenate(self._ids), return_counts=True)
-        if u.size > self.exact_max_ids:  # switch to the sketch, carrying what was counted
+    def _merge(self) -> None:
+        """Fold pending ids into the exact counts; past ``exact_max_ids`` switch to the sketch."""
+        if self._pending:
+            u, c = np.unique(np.concatenate(self._pending), return_counts=True)
+            self._pending = []
+            u, inv = np.unique(np.concatenate([self._u, u]), return_inverse=True)
+            self._u, self._c = u, np.bincount(inv, weights=np.concatenate([self._c, c]),
+                                              minlength=u.size).astype(np.int64)
+        if self._u.size > self.exact_max_ids:  # carry what was counted into the sketch
             self.sketch = CountMinSketch(self.width, self.depth, self.seed)
             self.heap = TopKHeap(self.top_k)
-            self.sketch.add(u, c)
-            self.heap.offer(self.sketch, u)
-            self._ids = []
-        else:
-            self._ids = [np.repeat(u, c)] if u.size else []
+            self.sketch.add(self._u, self._c)
+            self.heap.offer(self.sketch, self._u)
+            self._u, self._c = np.zeros(0, np.int64), np.zeros(0, np.int64)
 
     def result(self, name: str) -> TableProfile:
         if self.sketch is None:
-            self._compact()
+            self._merge()
         if self.sketch is not None:
             ids, counts = self.heap.top(self.sketch)
             return TableProfile(name, "sketch", ids, counts, self.lookups, -1)
-        flat = np.concatenate(self._ids) if self._ids else np.zeros(0, np.int64)
-        u, c = np.unique(flat, return_counts=True)
-        order = np.lexsort((u, -c))[: self.top_k]
-        return TableProfile(name, "exact", u[order], c[order].astype(np.int64), self.lookups, int(u.size),
-                            complete=len(order) == u.size)
+        order = np.lexsort((self._u, -self._c))[: self.top_k]
+        return TableProfile(name, "exact", self._u[order], self._c[order], self.lookups, int(self._u.size),
+                            complete=len(order) == self._u.size)
 
 
 def _table_columns(schema: dict) -> Dict[str, List[str]]:
