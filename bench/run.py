@@ -64,7 +64,14 @@ def bench_distributed(results: Dict) -> None:
     results["distributed"] = measure(data, WORK)
 
 
-SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed}
+def bench_hot_split(results: Dict) -> None:
+    from bench.hot_split import measure
+
+    results["hot_split"] = measure(WORK)
+
+
+SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
+                                                "hot_split": bench_hot_split}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -77,6 +84,10 @@ HEADLINES = [
     ("distributed.speedup_2w2ps_over_1proc", "2 workers + 2 PS / 1 process (tasks/s)", ""),
     ("distributed.speedup_2w1ps_over_1proc", "2 workers + 1 PS / 1 process (tasks/s)", ""),
     ("distributed.ps_time_share", "share of step time in PS round-trips (2w2ps)", ""),
+    ("hot_split.speedup_zipf_1_2", "hot/cold split on / off, Zipf 1.2 (tasks/s, 2w2ps)", "≥ 1.5"),
+    ("hot_split.local_share_zipf_1_2", "lookups served by hot rows, Zipf 1.2", ""),
+    ("hot_split.speedup_zipf_1_05", "hot/cold split on / off, Zipf 1.05 (tasks/s, 2w2ps)", ""),
+    ("hot_split.local_share_zipf_1_05", "lookups served by hot rows, Zipf 1.05", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
 ]
 
@@ -91,7 +102,11 @@ def _get(d: Dict, dotted: str):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    wanted = argv or list(SECTIONS)
+    wanted = argv or list(SECTIONS)  # e.g. `python -m bench.run hot_split` runs one section
+    unknown = [n for n in wanted if n not in SECTIONS]
+    if unknown:
+        print(f"unknown bench section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     WORK.mkdir(parents=True, exist_ok=True)
     for name in wanted:

@@ -77,10 +77,12 @@ def _prepare_options(f):
               help="Parquet/CSV file or directory (repeatable).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT (only once the new one is complete).")
+@click.option("--profile", "run_profile", is_flag=True,
+              help="Also write the id frequency profile (as 'gmeta data profile OUT').")
 @_prepare_options
 @config_options
 @friendly_errors
-def prepare_cmd(inputs, out, overwrite, config_path, overrides, **opts):
+def prepare_cmd(inputs, out, overwrite, config_path, overrides, run_profile=False, **opts):
     """Turn sample-level tables into task-major support/query shards (Meta-IO format)."""
     from gmeta_tf.data.prepare import format_summary, prepare
 
@@ -94,6 +96,8 @@ def prepare_cmd(inputs, out, overwrite, config_path, overrides, **opts):
         extra[f"prepare.{key}"] = json.dumps(value)
     cfg = build_config(config_path, overrides, extra)
     click.echo(format_summary(prepare(list(inputs), out, cfg.prepare, overwrite=overwrite)))
+    if run_profile:
+        _profile(out, 1.0, 1 << 16, 1 << 17, cfg)
 
 
 @data.command("stats")
@@ -114,3 +118,36 @@ def stats_cmd(data_dir, config_path, overrides):
         click.echo(f"{name:<20} {st['rows']:>12,} {cfg.model.embedding_dim:>5} {st['pooling']:>8.2f} "
                    f"{st['lookups']:>12,} {skew[once]:>10.1%} {sum(skew[hot:]):>9.1%}")
     click.echo(f"updated {data_dir}/schema.json (table_stats, train split)")
+
+
+@data.command("profile")
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--sample", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Fraction of the train split's tasks to count (seeded).")
+@click.option("--exact-max-ids", default=1 << 16, show_default=True, type=click.IntRange(min=1),
+              help="Tables with more distinct ids than this are counted with a count-min sketch + heap.")
+@click.option("--top-k", default=1 << 17, show_default=True, type=click.IntRange(min=1),
+              help="Top ids recorded per table (the candidates for the hot set).")
+@config_options
+@friendly_errors
+def profile_cmd(directory, sample, exact_max_ids, top_k, config_path, overrides):
+    """Count embedding-id frequencies of a prepared DIRECTORY's train split (hot/cold split input).
+
+    Writes DIRECTORY/id_profile.npz and id_profile.json; with --config/--set hot.budget=...
+    also prints the rows and lookup coverage that budget buys.
+    """
+    _profile(directory, sample, exact_max_ids, top_k, build_config(config_path, overrides))
+
+
+def _profile(directory, sample, exact_max_ids, top_k, cfg):
+    from gmeta_tf.data.id_profile import format_profile, profile_ids, write_profile
+    from gmeta_tf.hot.select import select_hot
+
+    profiles = profile_ids(directory, sample=sample, exact_max_ids=exact_max_ids, top_k=top_k)
+    path = write_profile(directory, profiles, {"sample": sample, "exact_max_ids": exact_max_ids, "top_k": top_k})
+    click.echo(format_profile(profiles))
+    if cfg.hot.budget_bytes:
+        dims = {t: cfg.model.embedding_dim for t in profiles}
+        click.echo(select_hot(profiles, dims, cfg.train.embedding_optimizer, cfg.hot.budget_bytes,
+                              cfg.hot.min_count).format())
+    click.echo(f"wrote {path}")

@@ -8,8 +8,9 @@ load time with the key's name, not deep inside a ``tf.function``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import List, Literal, Optional
+from typing import List, Literal, Optional, Union
 
 
 class ConfigError(ValueError):
@@ -199,6 +200,45 @@ class ClusterConfig:
             )
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+               "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+
+
+def parse_bytes(value: Union[int, str], key: str) -> int:
+    """``256MiB`` / ``1.5GB`` / ``1048576`` → bytes (binary and decimal units, case-insensitive)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        _require(value >= 0, key, f"must be >= 0, got {value}")
+        return value
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+    unit = m.group(2).lower() if m else None
+    _require(m is not None and unit in _BYTE_UNITS, key,
+             f"expected a byte size such as 256MiB, 64MB or 1048576, got {value!r}")
+    return int(float(m.group(1)) * _BYTE_UNITS[unit])
+
+
+@dataclass
+class HotConfig:
+    """Hot/cold embedding split (``gmeta_tf/hot``): the most-looked-up rows live on every worker.
+
+    ``budget`` is per worker and counts each hot row with its optimizer slots (Adam: 3 × dim
+    floats); 0 turns the split off and training is exactly the plain PS path. The rows are
+    chosen from the id profile that ``gmeta data profile`` writes next to ``schema.json``.
+    """
+
+    budget: Union[int, str] = 0
+    profile: Optional[str] = None  # default: <data.path>/id_profile.npz
+    # Rows seen fewer times than this in the profile are never hot, whatever the budget.
+    min_count: int = 1
+
+    def __post_init__(self) -> None:
+        parse_bytes(self.budget, "hot.budget")
+        _require(self.min_count >= 1, "hot.min_count", f"must be >= 1, got {self.min_count}")
+
+    @property
+    def budget_bytes(self) -> int:
+        return parse_bytes(self.budget, "hot.budget")
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -208,3 +248,4 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    hot: HotConfig = field(default_factory=HotConfig)

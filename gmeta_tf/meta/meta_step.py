@@ -68,14 +68,19 @@ def loss_fn(model: DLRM, meta: MetaConfig):
 class TrainStep:
     """Builds the compiled step. ``gradients`` is exposed (uncompiled) for the tests."""
 
-    def __init__(self, model: DLRM, meta: MetaConfig, dense_opt, emb_opt, sync):
+    def __init__(self, model: DLRM, meta: MetaConfig, dense_opt, emb_opt, sync, hot=None):
         self.model = model
+        # Hot/cold split (gmeta_tf/hot): worker-local hot rows, trained in the same step.
+        self.hot = hot
+        self.hot_vars: List[tf.Variable] = hot.variables if hot is not None else []
         self.meta = meta
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
         self.sync = sync
         self.dense_vars: List[tf.Variable] = list(model.dense_variables.values())
         self.shadows = model.trainable_shadows()
+        if hot is not None:  # tables served wholly by hot rows have no TFRA apply
+            self.shadows = hot.remote_shadows(self.shadows)
         self._loss = loss_fn(model, meta)
         # Create every optimizer slot now, outside the compiled step: a fresh run and a run
         # restored from a checkpoint then hold the same optimizer state in the same layout
@@ -94,16 +99,22 @@ class TrainStep:
         self.step = tf.function(step, reduce_retracing=True)
 
     def gradients(self, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor]]:
+        loss, dense_grads, emb_grads, _ = self._gradients(batch)
+        return loss, dense_grads, emb_grads
+
+    def _gradients(self, batch: dict):
         with tf.GradientTape() as tape:
             loss = self._loss(batch)
-        grads = tape.gradient(loss, self.dense_vars + self.shadows,
+        grads = tape.gradient(loss, self.dense_vars + self.shadows + self.hot_vars,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        n = len(self.dense_vars)
-        return loss, grads[:n], grads[n:]
+        n, m = len(self.dense_vars), len(self.dense_vars) + len(self.shadows)
+        return loss, grads[:n], grads[n:m], grads[m:]
 
     def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
-        loss, dense_grads, emb_grads = self.gradients(batch)
+        loss, dense_grads, emb_grads, hot_grads = self._gradients(batch)
         dense_grads = self.sync.allreduce(dense_grads)
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
+        if self.hot is not None:  # before the tables' apply: it reads their step counters
+            self.hot.apply(hot_grads, self.emb_opt)
         self.emb_opt.apply_gradients(zip(emb_grads, self.shadows))
         return {"loss": loss}

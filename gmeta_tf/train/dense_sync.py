@@ -35,6 +35,9 @@ class LocalSync:
     def broadcast_int(self, value: int) -> int:
         return value
 
+    def allgather(self, tensor: tf.Tensor, name: str = "") -> tf.Tensor:
+        return tensor
+
 
 class HorovodSync:
     """Horovod over Gloo. ``hvd.init()`` must already have run (``HorovodSync.create``)."""
@@ -67,3 +70,7 @@ class HorovodSync:
 
     def allreduce_scalar(self, value: float) -> float:
         return float(self.hvd.allreduce(tf.constant(value, tf.float64), op=self.hvd.Sum).numpy())
+
+    def allgather(self, tensor: tf.Tensor, name: str = "") -> tf.Tensor:
+        """Rank-ordered concatenation along axis 0 (the hot-row sparse gradient exchange)."""
+        return self.hvd.allgather(tensor, name=name or None)

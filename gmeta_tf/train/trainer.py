@@ -22,6 +22,7 @@ import gmeta_tf  # noqa: F401
 from gmeta_tf import storage
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
+from gmeta_tf.hot.rows import build_hot_rows
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.metaio.reader import load_schema, make_dataset
@@ -62,7 +63,8 @@ def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
 def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
     model = build_model(cfg, schema, rt)
     dense_opt, emb_opt = make_optimizers(cfg.train, rt.size)
-    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync)  # creates the slot tables
+    hot = build_hot_rows(cfg, model, rt.sync, log=rt.log)  # None unless hot.budget > 0
+    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync, hot=hot)  # creates the slot tables
     ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt,
                              keep=cfg.train.keep_checkpoints)
     return model, dense_opt, emb_opt, step_fn, ckpt
@@ -128,8 +130,14 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             if start:
                 rt.log(f"resumed from {ckpt.latest()} at step {start}")
     start = rt.sync.broadcast_int(start)
+    hot = step_fn.hot
+    if hot is not None:
+        hot.check_same_everywhere(rt.sync)
+        if rt.rank == 0:  # from the (restored) PS tables; the broadcast below hands them out
+            hot.load(emb_opt)
     rt.sync.broadcast_variables(list(model.dense_variables.values()) + list(dense_opt.variables)
-                                + list(emb_opt.iterations().values()))
+                                + list(emb_opt.iterations().values())
+                                + (hot.state_variables if hot is not None else []))
 
     history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(storage.join(run_dir, "tb")) if rt.rank == 0 else None
@@ -150,6 +158,13 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
                 tf.errors.InternalError, tf.errors.UnknownError) as e:
             if rt.ps_tasks:
                 raise lost_ps_error(e, rt, step) from None
+            raise
+        except tf.errors.InvalidArgumentError as e:  # a local-only hot table met an unprofiled id
+            found = re.search(r"hot table \S+: an id outside the hot set[^\]\n]*", str(e))
+            if found:
+                from gmeta_tf.errors import DataError
+
+                raise DataError(f"rank {rt.rank}, step {step}: {found.group(0)}") from None
             raise
         loss = float(out["loss"])
         if not math.isfinite(loss):
@@ -184,6 +199,8 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             # consistent state and not a mix of before and after other ranks' updates.
             rt.sync.barrier()
             if rt.rank == 0:
+                if hot is not None:  # replicas are identical: rank 0's copy is everyone's
+                    hot.write_back(emb_opt)
                 ckpt.save(step, {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks})
             rt.sync.barrier()
     rank_tps = (total_steps * T / total_time) if total_time else float("nan")
@@ -196,9 +213,12 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         # where each TFRA table's rows are, by PS task (the placement check reads this)
         "table_rows_by_ps_task": rows_by_ps_task(model) if rt.rank == 0 and rt.ps_tasks else {},
     }
+    rank_file = {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step")}
+    if hot is not None:  # after the last checkpoint's write-back: the PS must match every rank
+        rank_file.update(hot_digest=hot.digest(), hot_rows=hot.hot_set.rows,
+                         hot_ps_mismatches=hot.ps_mismatches())
     storage.makedirs(storage.join(run_dir, "ranks"))
-    storage.write_text(storage.join(run_dir, "ranks", f"rank{rt.rank}.json"), json.dumps(
-        {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step")}, indent=1))
+    storage.write_text(storage.join(run_dir, "ranks", f"rank{rt.rank}.json"), json.dumps(rank_file, indent=1))
     if rt.rank == 0:
         storage.write_text(storage.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
         if writer is not None:

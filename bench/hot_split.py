@@ -1,0 +1,122 @@
+"""The hot/cold split row of ``make bench``: split on vs off, 2 workers + 2 PS, two Zipf exponents.
+
+For each exponent the same synthetic data (``synth --zipf``) is prepared and profiled once; then
+``gmeta launch local`` trains it with the split off (``hot.budget=0``) and on (``BUDGET``), one
+right after the other, for the same steps. The speedup is the ratio of the two runs'
+aggregate tasks/s (after the first, tracing, step).
+
+Local share and PS bytes are counted from the ids of real batches (rank 0's first
+``COUNT_BATCHES`` batches at the trained batch shape), not sniffed from the network:
+
+* ``local_share``: lookups (id occurrences, pads excluded) whose row is hot;
+* ``ps_bytes_per_step``: per worker and step, every distinct cold row is read once and written
+  once together with its optimizer slots (Adam: value, m, v), each as ``dim`` float32 plus its
+  int64 key. With the split off every distinct row is cold.
+
+``BUDGET`` is deliberately far below the default 256MiB: the bench data's whole train id set
+would fit in that, leaving nothing on the PS during training; 2MiB keeps a cold tail of item
+ids (and tags at the lower exponent), which is the situation the split is for.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+
+EXPONENTS = (1.05, 1.2)
+TASKS = 2000
+STEPS = 150
+PER_WORKER_T = 16
+BUDGET = "2MiB"
+COUNT_BATCHES = 20
+
+
+def _key(z: float) -> str:
+    return str(z).replace(".", "_")
+
+
+def _train_argv(data: str, out: Path, budget) -> list:
+    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--no-resume",
+            "--steps", str(STEPS), "--set", f"data.tasks_per_batch={PER_WORKER_T}",
+            "--set", f"train.log_every={STEPS}", "--set", f"train.checkpoint_every={STEPS * 10}",
+            "--set", f"hot.budget={budget}"]
+
+
+def _prepare(work: Path, z: float) -> str:
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.data.id_profile import profile_ids, write_profile
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    root = work / f"hot-zipf-{_key(z)}"
+    synth(str(root / "raw"), tasks=TASKS, seed=0, zipf=z, overwrite=True)
+    prepare([str(root / "raw")], str(root / "prepared"), load_config("configs/quickstart.yaml").prepare,
+            overwrite=True)
+    write_profile(root / "prepared", profile_ids(root / "prepared"), {"sample": 1.0})
+    return str(root / "prepared")
+
+
+def count_traffic(data: str, budget: str) -> Dict[str, float]:
+    """Local share and PS bytes per step from rank 0's batches (see the module docstring)."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.data.id_profile import load_profile
+    from gmeta_tf.hot.select import SLOTS, select_hot
+    from gmeta_tf.metaio.reader import load_schema, make_dataset
+
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", f"data.tasks_per_batch={PER_WORKER_T}",
+                                                  f"hot.budget={budget}"])
+    schema = load_schema(data)
+    names = [("cat", c["name"]) for c in schema["categorical"]] + [("multi", c["name"]) for c in schema["multi_hot"]]
+    dim, opt = cfg.model.embedding_dim, cfg.train.embedding_optimizer
+    hot = select_hot(load_profile(Path(data) / "id_profile.npz"), {n: dim for _, n in names}, opt,
+                     cfg.hot.budget_bytes)
+    row = 2 * (1 + SLOTS[opt]) * (dim * 4 + 8)
+    lookups = local = rows_off = rows_on = 0
+    ps_tables_on = sum(1 for _, n in names if not hot.local_only.get(n))
+    batches = make_dataset(data, "train", cfg.data, rank=0, size=2, training=True).take(COUNT_BATCHES)
+    n_batches = 0
+    for batch in batches:
+        n_batches += 1
+        for part, name in names:
+            ids = np.concatenate([batch[w][part][name].numpy().ravel() for w in ("support", "query")])
+            ids = ids[ids >= 0]
+            is_hot = np.isin(ids, hot.ids[name])
+            lookups += ids.size
+            local += int(is_hot.sum())
+            uniq = np.unique(ids)
+            rows_off += uniq.size
+            rows_on += int((~np.isin(uniq, hot.ids[name])).sum())
+    return {
+        "local_share": local / max(lookups, 1),
+        "ps_bytes_per_step_off": rows_off * row / n_batches,
+        "ps_bytes_per_step_on": rows_on * row / n_batches,
+        "ps_tables_per_step_off": len(names), "ps_tables_per_step_on": ps_tables_on,
+        "hot_rows": hot.rows, "profiled_coverage": hot.total_coverage,
+    }
+
+
+def measure(work: Path, log=print) -> Dict[str, float]:
+    from launch.local_cluster import launch_local
+
+    quiet = lambda m: None  # noqa: E731
+    out: Dict[str, float] = {"budget": BUDGET, "steps": STEPS, "tasks": TASKS, "per_worker_T": PER_WORKER_T}
+    for z in EXPONENTS:
+        k = _key(z)
+        data = _prepare(work, z)
+        rates = {}
+        for label, budget in (("off", 0), ("on", BUDGET)):
+            run = work / f"hot-zipf-{k}-{label}"
+            launch_local(2, 2, _train_argv(data, run, budget), log=quiet, timeout_s=600)
+            rates[label] = json.loads((run / "train_summary.json").read_text())["aggregate_tasks_per_s"]
+        traffic = count_traffic(data, BUDGET)
+        out.update({
+            f"speedup_zipf_{k}": rates["on"] / rates["off"],
+            f"tasks_per_s_on_zipf_{k}": rates["on"], f"tasks_per_s_off_zipf_{k}": rates["off"],
+            **{f"{name}_zipf_{k}": v for name, v in traffic.items()},
+        })
+        log(f"[hot_split] zipf {z}: on/off {rates['on']:.0f}/{rates['off']:.0f} tasks/s, "
+            f"local share {traffic['local_share']:.1%}, PS bytes/step {traffic['ps_bytes_per_step_on']:,.0f} "
+            f"vs {traffic['ps_bytes_per_step_off']:,.0f}")
+    return out

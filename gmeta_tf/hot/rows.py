@@ -1,0 +1,172 @@
+"""The hot rows of one worker: built from the profile, loaded from / written back to the PS tables.
+
+The PS tables stay the canonical store. A hot row is *read* from them when training starts
+(rank 0 reads, then every rank receives rank 0's copy through the broadcast that already
+equalises the dense weights) and *written back* to them, with its optimizer slots, before
+every checkpoint. Checkpoints therefore contain only PS tables, exactly as without the split,
+and a resumed run may use another budget or another profile.
+
+Between two write-backs the PS copy of a hot row is stale, which is safe because no worker ever
+reads a hot id from the PS: the hot set is a pure function of the profile file and the config,
+the same on every rank (``check_same_everywhere``).
+"""
+from __future__ import annotations
+
+import hashlib
+import zlib
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+import gmeta_tf  # noqa: F401
+from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
+from gmeta_tf.errors import ClusterError
+from gmeta_tf.hot.optimizer import SLOT_INIT, LazyRowOptimizer
+from gmeta_tf.hot.select import HotSet, select_hot
+from gmeta_tf.hot.sync import HotGradSync
+from gmeta_tf.model.column_split import ColumnSplitTable
+from gmeta_tf.model.hot_cold import HotColdTable
+
+
+def _slot_suffix(slot_var) -> str:
+    return slot_var.name.rsplit("/", 1)[-1]
+
+
+class HotRows:
+    def __init__(self, model, hot_set: HotSet, sync, optimizer: str, lr: float, touched_bound: Dict[str, int]):
+        self.hot_set = hot_set
+        self.tables: List[HotColdTable] = []
+        self.skipped: List[str] = []
+        for i, table in enumerate(model.tables):
+            ids = hot_set.ids.get(table.name)
+            if isinstance(table, ColumnSplitTable):
+                # The planner cut this table into column blocks on several PS; a hot copy would
+                # have to be cut the same way. Keep it wholly on the PS (hot.select's coverage
+                # print still lists it; rank 0 logs the skip).
+                self.skipped.append(table.name)
+                continue
+            if ids is not None and len(ids):
+                model.tables[i] = HotColdTable(table, ids, hot_set.local_only.get(table.name, False))
+                self.tables.append(model.tables[i])
+        self.names = [t.name for t in self.tables]
+        self.opt = LazyRowOptimizer(optimizer, lr, {t.name: t.values for t in self.tables})
+        self.grad_sync = HotGradSync(sync, {t.name: t.num_hot for t in self.tables},
+                                     {t.name: t.dim for t in self.tables}, touched_bound)
+
+    # -- inside the compiled step --------------------------------------------------------------
+    @property
+    def variables(self) -> List[tf.Variable]:
+        return [t.values for t in self.tables]
+
+    def remote_shadows(self, shadows: List) -> List:
+        """The shadows the TFRA optimizer still applies to (local-only tables have no PS work)."""
+        local = {t.shadow.name for t in self.tables if t.local_only}
+        return [s for s in shadows if s.name not in local]
+
+    def apply(self, grads: List, emb_opt) -> None:
+        """Aggregate over ranks, then update. Call before the tables' own apply (it reads their
+        step counters, which that apply increments; a local-only table's is advanced here, so
+        Adam's bias correction and the checkpointed counter stay what the PS path has)."""
+        for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
+            iterations = emb_opt.for_shadow(table.shadow).iterations
+            self.opt.apply(table.values, table.name, slots, grad, iterations)
+            if table.local_only:
+                iterations.assign_add(1)
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def state_variables(self) -> List[tf.Variable]:
+        """Values and slots: what rank 0 broadcasts so every replica starts identical."""
+        return self.variables + [v for t in self.names for _, v in sorted(self.opt.slots[t].items())]
+
+    def _slot_tables(self, table, emb_opt) -> Dict[str, object]:
+        return {_slot_suffix(s): s for s in table.slot_variables(emb_opt.for_shadow(table.shadow))}
+
+    def load(self, emb_opt) -> None:
+        """Read hot rows and their slots from the (PS) tables. Rows the tables do not hold yet
+        get the table's initializer value, slots their optimizer's initial value."""
+        for table in self.tables:
+            keys = tf.constant(table.hot_ids, tf.int64)
+            table.values.assign(table.variable.lookup(keys))  # missing → initializer
+            slot_tables = self._slot_tables(table, emb_opt)
+            for name, var in self.opt.slots[table.name].items():
+                if name not in slot_tables:
+                    continue
+                vals, exists = slot_tables[name].lookup(keys, return_exists=True)
+                fill = tf.fill(tf.shape(vals), SLOT_INIT[name])
+                var.assign(tf.where(exists[:, None], vals, fill))
+
+    def write_back(self, emb_opt) -> None:
+        """Upsert hot values and slots into the canonical (PS) tables."""
+        for table in self.tables:
+            keys = tf.constant(table.hot_ids, tf.int64)
+            table.variable.upsert(keys, table.values)
+            slot_tables = self._slot_tables(table, emb_opt)
+            for name, var in self.opt.slots[table.name].items():
+                if name in slot_tables:
+                    slot_tables[name].upsert(keys, var)
+
+    def ps_mismatches(self) -> int:
+        """Hot rows whose value in the (PS) table differs from this worker's (0 after write_back)."""
+        bad = 0
+        for table in self.tables:
+            vals, exists = table.variable.lookup(tf.constant(table.hot_ids, tf.int64), return_exists=True)
+            same = np.all(vals.numpy() == table.values.numpy(), axis=1) & exists.numpy()
+            bad += int((~same).sum())
+        return bad
+
+    def digest(self) -> str:
+        """sha256 over (table, hot ids, values): equal digests mean bit-identical hot replicas."""
+        return hot_digest({t.name: (t.hot_ids, t.values.numpy()) for t in self.tables})
+
+    def check_same_everywhere(self, sync) -> None:
+        crc = 0
+        for t in self.tables:
+            crc = zlib.crc32(t.name.encode() + t.hot_ids.tobytes(), crc)
+        if sync.broadcast_int(crc) != crc:
+            raise ClusterError(f"rank {sync.rank}: hot set differs from rank 0's; every worker must "
+                               f"read the same id profile and hot.* config")
+
+
+def hot_digest(tables: Dict[str, tuple]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(tables):
+        ids, values = tables[name]
+        h.update(name.encode())
+        h.update(np.asarray(ids, np.int64).tobytes())
+        h.update(np.asarray(values, np.float32).tobytes())
+    return h.hexdigest()
+
+
+def touched_bounds(model, data_cfg) -> Dict[str, int]:
+    """Most distinct ids one step can look up per table (sizes the gradient exchange choice)."""
+    per_sample = {n: 1 for n in model.cat_names} | {n: data_cfg.max_multi_hot for n in model.multi_names}
+    samples = data_cfg.tasks_per_batch * (data_cfg.support + data_cfg.query)
+    return {n: samples * k for n, k in per_sample.items()}
+
+
+def profile_path(cfg) -> Path:
+    return Path(cfg.hot.profile) if cfg.hot.profile else Path(cfg.data.path) / PROFILE_NPZ
+
+
+def build_hot_rows(cfg, model, sync, log=print) -> Optional[HotRows]:
+    """The hot rows for this config, wrapping ``model.tables`` in place; None when the budget
+    is 0 (then nothing is wrapped and training is the plain PS path)."""
+    budget = cfg.hot.budget_bytes
+    if budget <= 0:
+        return None
+    profiles = load_profile(profile_path(cfg))
+    dims = {t.name: t.dim for t in model.tables}
+    hot_set = select_hot(profiles, dims, cfg.train.embedding_optimizer, budget, cfg.hot.min_count)
+    if sync.rank == 0:
+        log(hot_set.format())
+    scale = sync.size if cfg.train.scale_lr else 1
+    rows = HotRows(model, hot_set, sync, cfg.train.embedding_optimizer,
+                   cfg.train.embedding_learning_rate * scale, touched_bounds(model, cfg.data))
+    if sync.rank == 0 and rows.skipped:
+        log(f"hot split: {', '.join(rows.skipped)} stay wholly on the PS (column-split by cluster.placement)")
+    if sync.rank == 0:
+        log("hot gradient exchange: " + ", ".join(f"{t} {m}" for t, m in rows.grad_sync.modes.items()))
+    return rows
