@@ -260,3 +260,25 @@ def test_prepare_profile_flag_writes_the_profile(synth_dir, tmp_path):
     profiles = load_profile(out / "id_profile.npz")
     assert set(profiles) == {"item_id", "item_category", "user_city", "user_segment", "device", "hour", "item_tags"}
     assert all(p.lookups > 0 for p in profiles.values())
+
+
+def test_column_split_tables_stay_wholly_on_the_ps():
+    """A table the planner cut into column blocks gets no hot copy (it would need the same cut);
+    the other tables still split hot/cold and the step trains."""
+    from gmeta_tf.plan.placement_file import ColumnSplit
+
+    schema = tiny_schema("click")
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), schema,
+                 placement={"item": ColumnSplit([[0], [0]])})
+    ids = {"item": np.arange(0, 50, 2, dtype=np.int64), "city": np.arange(5, dtype=np.int64)}
+    hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1)
+    rows = HotRows(model, hs, LocalSync(), "adam", 0.05, {"item": 100, "city": 100})
+    assert rows.skipped == ["item"] and rows.names == ["city"]
+    assert [type(t).__name__ for t in model.tables] == ["ColumnSplitTable", "HotColdTable", "EmbeddingTable"]
+    dense_opt, emb_opt = make_optimizers(TrainConfig())
+    step = TrainStep(model, MetaConfig(algo="maml", inner_steps=1, inner_lr=0.3), dense_opt, emb_opt,
+                     LocalSync(), hot=rows)
+    rows.load(emb_opt)
+    losses = [float(step.step(random_batch(schema, T=4, seed=s))["loss"]) for s in (1, 2)]
+    assert all(np.isfinite(losses))
+    assert model.tables[0].parts[0].size() > 0  # the split table trained on its TFRA blocks
