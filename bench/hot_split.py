@@ -2,8 +2,11 @@
 
 For each exponent the same synthetic data (``synth --zipf``) is prepared and profiled once; then
 ``gmeta launch local`` trains it with the split off (``hot.budget=0``) and on (``BUDGET``), one
-right after the other, for the same steps. The speedup is the ratio of the two runs'
-aggregate tasks/s (after the first, tracing, step).
+right after the other, for the same steps. This box is shared, and other jobs' load comes and
+goes on the scale of one run, so the headline ``speedup_zipf_*`` compares the *best* logging
+window (``WINDOW`` steps, rank 0's tasks/s) of each run, the usual best-of-N defence against
+interference; ``speedup_mean_zipf_*`` is the ratio of the whole runs' aggregate tasks/s
+(after the first, tracing, step), which a burst of outside load can swing either way.
 
 Local share and PS bytes are counted from the ids of real batches (rank 0's first
 ``COUNT_BATCHES`` batches at the trained batch shape), not sniffed from the network:
@@ -12,6 +15,9 @@ Local share and PS bytes are counted from the ids of real batches (rank 0's firs
 * ``ps_bytes_per_step``: per worker and step, every distinct cold row is read once and written
   once together with its optimizer slots (Adam: value, m, v), each as ``dim`` float32 plus its
   int64 key. With the split off every distinct row is cold.
+
+``speedup_no_local_only_zipf_1_2`` attributes the gain: the same budget, but no table served
+wholly by hot rows (each still makes its TFRA lookup, mostly empty, every step).
 
 ``BUDGET`` is deliberately far below the default 256MiB: the bench data's whole train id set
 would fit in that, leaving nothing on the PS during training; 2MiB keeps a cold tail of item
@@ -27,7 +33,8 @@ import numpy as np
 
 EXPONENTS = (1.05, 1.2)
 TASKS = 2000
-STEPS = 150
+STEPS = 200
+WINDOW = 25
 PER_WORKER_T = 16
 BUDGET = "2MiB"
 COUNT_BATCHES = 20
@@ -40,7 +47,7 @@ def _key(z: float) -> str:
 def _train_argv(data: str, out: Path, budget) -> list:
     return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--no-resume",
             "--steps", str(STEPS), "--set", f"data.tasks_per_batch={PER_WORKER_T}",
-            "--set", f"train.log_every={STEPS}", "--set", f"train.checkpoint_every={STEPS * 10}",
+            "--set", f"train.log_every={WINDOW}", "--set", f"train.checkpoint_every={STEPS * 10}",
             "--set", f"hot.budget={budget}"]
 
 
@@ -97,7 +104,14 @@ def count_traffic(data: str, budget: str) -> Dict[str, float]:
     }
 
 
+def _rates(run: Path) -> Dict[str, float]:
+    summary = json.loads((run / "train_summary.json").read_text())
+    windows = [h["tasks_per_s"] for h in summary["history"] if h["tasks_per_s"] == h["tasks_per_s"]]
+    return {"best": max(windows), "mean": summary["aggregate_tasks_per_s"]}
+
+
 def measure(work: Path, log=print) -> Dict[str, float]:
+    from gmeta_tf.data.id_profile import profile_ids, write_profile
     from launch.local_cluster import launch_local
 
     quiet = lambda m: None  # noqa: E731
@@ -109,14 +123,29 @@ def measure(work: Path, log=print) -> Dict[str, float]:
         for label, budget in (("off", 0), ("on", BUDGET)):
             run = work / f"hot-zipf-{k}-{label}"
             launch_local(2, 2, _train_argv(data, run, budget), log=quiet, timeout_s=600)
-            rates[label] = json.loads((run / "train_summary.json").read_text())["aggregate_tasks_per_s"]
+            rates[label] = _rates(run)
+        if z == EXPONENTS[-1]:
+            # Attribution: the same budget with a profile of 99.9% of the tasks, so no table is
+            # "complete" and every table keeps its TFRA lookup each step (hot rows only, no
+            # local-only tables). Against the same "off" run.
+            partial = Path(data).parent / "profile-partial"
+            partial.mkdir(exist_ok=True)
+            write_profile(partial, profile_ids(data, sample=0.999), {"sample": 0.999})
+            run = work / f"hot-zipf-{k}-on-partial"
+            launch_local(2, 2, _train_argv(data, run, BUDGET) + ["--set", f"hot.profile={partial / 'id_profile.npz'}"],
+                         log=quiet, timeout_s=600)
+            out[f"speedup_no_local_only_zipf_{k}"] = _rates(run)["best"] / rates["off"]["best"]
         traffic = count_traffic(data, BUDGET)
         out.update({
-            f"speedup_zipf_{k}": rates["on"] / rates["off"],
-            f"tasks_per_s_on_zipf_{k}": rates["on"], f"tasks_per_s_off_zipf_{k}": rates["off"],
+            f"speedup_zipf_{k}": rates["on"]["best"] / rates["off"]["best"],
+            f"speedup_mean_zipf_{k}": rates["on"]["mean"] / rates["off"]["mean"],
+            f"tasks_per_s_on_zipf_{k}": rates["on"]["mean"], f"tasks_per_s_off_zipf_{k}": rates["off"]["mean"],
+            f"best_window_tasks_per_s_rank0_on_zipf_{k}": rates["on"]["best"],
+            f"best_window_tasks_per_s_rank0_off_zipf_{k}": rates["off"]["best"],
             **{f"{name}_zipf_{k}": v for name, v in traffic.items()},
         })
-        log(f"[hot_split] zipf {z}: on/off {rates['on']:.0f}/{rates['off']:.0f} tasks/s, "
+        log(f"[hot_split] zipf {z}: on/off best window {rates['on']['best']:.0f}/{rates['off']['best']:.0f}, "
+            f"whole run {rates['on']['mean']:.0f}/{rates['off']['mean']:.0f} tasks/s, "
             f"local share {traffic['local_share']:.1%}, PS bytes/step {traffic['ps_bytes_per_step_on']:,.0f} "
             f"vs {traffic['ps_bytes_per_step_off']:,.0f}")
     return out

@@ -9,7 +9,7 @@ choice from the same config, so the collective calls match):
   column): a ring all-reduce moves about ``2·(N-1)/N · K·(dim+1)·4`` bytes per rank whatever
   the batch. Cheap when the table's hot set is small (device, hour, segment, city, category).
 * **sparse all-gather** of the touched slots and their gradient rows: about
-  ``(N-1) · U·(dim·4 + 8)`` bytes per rank. Cheap when ``K`` is much larger than what one step
+  ``(N-1) · U·(dim + 1)·4`` bytes per rank. Cheap when ``K`` is much larger than what one step
   touches (item ids, tags): a dense all-reduce of a 100k-row table would move megabytes per
   step for a few hundred touched rows.
 
@@ -32,7 +32,7 @@ def dense_cost(k: int, dim: int, n: int) -> float:
 
 
 def sparse_cost(touched_bound: int, dim: int, n: int) -> float:
-    return float((n - 1) * touched_bound * (dim * 4 + 8))
+    return float((n - 1) * touched_bound * (dim + 1) * 4)
 
 
 def choose_mode(k: int, dim: int, touched_bound: int, n: int) -> str:
@@ -61,6 +61,9 @@ class HotGradSync:
         self.size = int(sync.size)
         self.sizes = sizes
         self.modes = {t: choose_mode(sizes[t], dim[t], touched_bound[t], self.size) for t in sizes}
+        for t, k in sizes.items():  # slots travel as float32 in the sparse exchange
+            if k >= 1 << 24 and self.modes[t] == "sparse":
+                self.modes[t] = "dense"
 
     def aggregate(self, names: List[str], grads: List) -> List[Tuple[tf.Tensor, tf.Tensor]]:
         local = [touched_slots(g, self.sizes[t]) for t, g in zip(names, grads)]
@@ -78,14 +81,18 @@ class HotGradSync:
             for i, full in zip(dense_i, reduced):
                 slots = tf.reshape(tf.where(full[:, -1] > 0.0), [-1])
                 out[i] = (slots, tf.gather(full[:, :-1], slots))
+        sparse_i = [i for i, t in enumerate(names) if self.modes[t] == "sparse"]
+        if sparse_i:
+            # One [U, dim + 1] tensor per table (the slot rides along as a float: exact below
+            # 2^24 rows, checked in __init__), all tables in one grouped all-gather: one
+            # negotiation round per step however many tables, which matters on busy hosts.
+            packed = [tf.concat([local[i][1], tf.cast(local[i][0], tf.float32)[:, None]], 1) for i in sparse_i]
+            for i, full in zip(sparse_i, self.sync.allgather_group(packed)):
+                all_slots = tf.cast(full[:, -1], tf.int64)
+                uniq, pos = tf.unique(all_slots)  # first appearance in rank order: same everywhere
+                summed = tf.math.unsorted_segment_sum(full[:, :-1], pos, tf.size(uniq))
+                out[i] = (uniq, summed / float(self.size))
         for i, t in enumerate(names):
             if self.modes[t] == "local":
                 out[i] = local[i]
-            elif self.modes[t] == "sparse":
-                slots, rows = local[i]
-                all_slots = self.sync.allgather(slots, name=f"gmeta_hot_slots_{i}")
-                all_rows = self.sync.allgather(rows, name=f"gmeta_hot_rows_{i}")
-                uniq, pos = tf.unique(all_slots)  # first appearance in rank order: same everywhere
-                summed = tf.math.unsorted_segment_sum(all_rows, pos, tf.size(uniq))
-                out[i] = (uniq, summed / float(self.size))
         return out

@@ -35,8 +35,8 @@ class LocalSync:
     def broadcast_int(self, value: int) -> int:
         return value
 
-    def allgather(self, tensor: tf.Tensor, name: str = "") -> tf.Tensor:
-        return tensor
+    def allgather_group(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        return list(tensors)
 
 
 class HorovodSync:
@@ -71,6 +71,6 @@ class HorovodSync:
     def allreduce_scalar(self, value: float) -> float:
         return float(self.hvd.allreduce(tf.constant(value, tf.float64), op=self.hvd.Sum).numpy())
 
-    def allgather(self, tensor: tf.Tensor, name: str = "") -> tf.Tensor:
-        """Rank-ordered concatenation along axis 0 (the hot-row sparse gradient exchange)."""
-        return self.hvd.allgather(tensor, name=name or None)
+    def allgather_group(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+        """Rank-ordered concatenations along axis 0, negotiated as one (hot-row sparse gradients)."""
+        return list(self.hvd.grouped_allgather(list(tensors)))
