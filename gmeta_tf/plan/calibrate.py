@@ -1,0 +1,219 @@
+"""``gmeta plan calibrate``: measure PS step cost on real local PS processes, fit the cost model.
+
+Why measured and not assumed: on TFRA a PS's step cost is not proportional to lookups x dim.
+Each table costs a fixed amount per step (its lookup, the Adam update of the value and two slot
+tables, each a separate remote op), and the update scales with the *distinct* ids a step
+touches, which the access skew decides. The greedy baselines see neither; the fitted model does.
+
+``measure_sets`` is the one measurement path (calibration and ``bench/sharding`` both use it):
+it starts one PS process (``gmeta ps serve`` via ``launch.local_cluster``), runs the client of
+``measure.py`` against it in its own process, and tears both down (process groups) even on
+failure. Chunks of work get a fresh PS each, one at a time, so the two cores are never shared
+by two PS and a PS never accumulates tables.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from gmeta_tf.errors import UserError
+from gmeta_tf.plan.access import expected_distinct, lookups_per_step
+from gmeta_tf.plan.spec import Shard
+from gmeta_tf.plan.synthetic_tables import synthetic_table
+
+CALIB_DIMS = (2, 4, 8, 16, 32, 64, 128)  # 2: column halves of dim-4 tables
+CALIB_DIM_P = (0.04, 0.16, 0.16, 0.16, 0.16, 0.16, 0.16)
+SAMPLES_PER_STEP = (256, 512, 1024)
+
+
+class CalibrationError(UserError):
+    """The microbenchmark could not run (a PS or the client failed or timed out)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    configs: int  # table sets with their own dims (each traced once)
+    variants: int  # rows / pooling / skew / samples-per-step draws per config
+    max_tables: int
+    warmup: int
+    steps: int
+
+
+FULL = Settings(configs=30, variants=3, max_tables=40, warmup=1, steps=5)
+QUICK = Settings(configs=3, variants=2, max_tables=4, warmup=1, steps=3)
+
+
+def shard_terms(shard: Shard, samples_per_step: int) -> Tuple[float, float, float, float]:
+    """What a shard does to its PS in one step: (lookups, distinct ids, dim, rows)."""
+    n = lookups_per_step(shard.pooling, samples_per_step)
+    return float(n), expected_distinct(shard.rows, shard.skew, n), float(shard.dim), float(shard.rows)
+
+
+def shard_json(shard: Shard) -> Dict:
+    return {"rows": shard.rows, "pooling": shard.pooling, "skew": list(shard.skew)}
+
+
+# -- random table sets --------------------------------------------------------------------------
+def random_configs(settings: Settings, seed: int) -> Tuple[List[Dict], List[Dict]]:
+    """Random table sets for calibration. Returns (job configs, one record per variant)."""
+    rng = np.random.default_rng(seed)
+    configs, records = [], []
+    for c in range(settings.configs):
+        k = int(np.clip(round(np.exp(rng.uniform(0.0, np.log(settings.max_tables + 0.5)))), 1, settings.max_tables))
+        dims = [int(d) for d in rng.choice(CALIB_DIMS, size=k, p=CALIB_DIM_P)]
+        variants = []
+        for _ in range(settings.variants):
+            shards = []
+            for i, d in enumerate(dims):
+                t = synthetic_table(f"c{c}t{i}", rng, dims=(d,), pooling_range=(0.25, 30.0)).stats
+                shards.append(Shard(t.name, "table", 0, 1, t.rows, d, t.pooling, t.skew))
+            sps = int(rng.choice(SAMPLES_PER_STEP))
+            index = len(records)
+            records.append({"index": index, "group": c, "samples_per_step": sps, "shards": shards})
+            variants.append({"index": index, "samples_per_step": sps, "seed": index,
+                             "shards": [shard_json(s) for s in shards]})
+        configs.append({"dims": dims, "variants": variants})
+    return configs, records
+
+
+# -- running the measurement --------------------------------------------------------------------
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
+               log: Callable[[str], None]) -> Dict[int, float]:
+    from launch.local_cluster import LocalCluster
+
+    cluster = LocalCluster(log=lambda m: None, grace_s=3.0)
+    with tempfile.TemporaryDirectory(prefix="gmeta-calib-") as tmp:
+        job_path, out_path = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.jsonl")
+        client = None
+        try:
+            try:
+                address = cluster.start_ps(1, timeout_s=120.0)[0]
+            except UserError as e:
+                raise CalibrationError(f"calibration PS: {e}") from None
+            with open(job_path, "w") as f:
+                json.dump({"ps": address, "warmup": warmup, "steps": steps, "configs": configs}, f)
+            client = subprocess.Popen([sys.executable, "-m", "gmeta_tf.plan.measure", job_path, out_path],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            try:
+                output, _ = client.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise CalibrationError(f"microbenchmark client timed out after {timeout_s:.0f} s") from None
+            if client.returncode != 0:
+                tail = " | ".join(line for line in output.strip().splitlines()[-3:])
+                ps_dead = [c.name for c in cluster.ps_children() if c.proc.poll() is not None]
+                raise CalibrationError(f"microbenchmark client failed (exit {client.returncode})"
+                                       + (f"; {ps_dead[0]} died" if ps_dead else "") + f": {tail}")
+            out = {}
+            with open(out_path) as f:
+                for line in f:
+                    rec = json.loads(line)
+                    out[int(rec["index"])] = float(rec["ms"])
+            return out
+        finally:
+            if client is not None:
+                _kill_group(client)
+            cluster.teardown()
+
+
+def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[[str], None] = print,
+                    tables_per_ps: int = 160) -> Dict[int, float]:
+    """Run ``configs`` (``measure.py`` job format); ``{variant index: median ms}``.
+
+    Configs are grouped into chunks of at most ``tables_per_ps`` tables; each chunk runs on a
+    fresh PS, one chunk at a time.
+    """
+    chunks, cur, n = [], [], 0
+    for c in configs:
+        if cur and n + len(c["dims"]) > tables_per_ps:
+            chunks.append(cur)
+            cur, n = [], 0
+        cur.append(c)
+        n += len(c["dims"])
+    if cur:
+        chunks.append(cur)
+    out: Dict[int, float] = {}
+    for i, chunk in enumerate(chunks):
+        tables = sum(len(c["dims"]) for c in chunk)
+        runs = sum(len(c["variants"]) for c in chunk) * (warmup + steps)
+        timeout = 120.0 + 3.0 * tables + 2.0 * runs
+        t0 = time.perf_counter()
+        out.update(_run_chunk(chunk, warmup, steps, timeout, log))
+        log(f"[calibrate] chunk {i + 1}/{len(chunks)}: {len(chunk)} table sets, {tables} tables, "
+            f"{time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def measure_sets(sets: Sequence[Tuple[Sequence[Shard], int]], warmup: int = 1, steps: int = 5,
+                 log: Callable[[str], None] = print, seed: int = 0) -> List[float]:
+    """Measured ms per step of each ``(shards, samples_per_step)``; identical sets measured once."""
+    key_of, configs = {}, []
+    for shards, sps in sets:
+        key = (tuple(sorted(shards, key=lambda s: (s.dim, s.rows, s.pooling, s.table, s.index))), int(sps))
+        if key in key_of or not shards:
+            continue
+        key_of[key] = len(configs)
+        ordered = key[0]
+        configs.append({"dims": [s.dim for s in ordered], "variants": [{
+            "index": len(configs), "samples_per_step": int(sps), "seed": seed + len(configs),
+            "shards": [shard_json(s) for s in ordered]}]})
+    measured = measure_configs(configs, warmup, steps, log) if configs else {}
+    out = []
+    for shards, sps in sets:
+        if not shards:
+            out.append(0.0)
+            continue
+        key = (tuple(sorted(shards, key=lambda s: (s.dim, s.rows, s.pooling, s.table, s.index))), int(sps))
+        out.append(measured[key_of[key]])
+    return out
+
+
+# -- calibrate = measure + fit ------------------------------------------------------------------
+def calibrate(ps_count: int = 1, quick: bool = False, seed: int = 0,
+              log: Callable[[str], None] = print, settings: Optional[Settings] = None) -> Dict:
+    """Measure random table sets on ``ps_count`` local PS processes (one at a time) and fit.
+
+    Returns the cost-model document (``cost_model.save_model`` writes it).
+    """
+    from gmeta_tf.plan.cost_model import fit_document
+
+    if ps_count < 1:
+        raise CalibrationError(f"--ps must be >= 1 (got {ps_count})")
+    s = settings or (QUICK if quick else FULL)
+    configs, records = random_configs(s, seed)
+    t0 = time.perf_counter()
+    # Split the configs over ps_count PS processes, run one after another.
+    per_ps = max(1, -(-len(configs) // ps_count))
+    measured: Dict[int, float] = {}
+    for p in range(ps_count):
+        part = configs[p * per_ps:(p + 1) * per_ps]
+        if part:
+            log(f"[calibrate] PS {p + 1}/{ps_count}: {len(part)} table sets")
+            measured.update(measure_configs(part, s.warmup, s.steps, log))
+    rows = []
+    for r in records:
+        if r["index"] in measured:
+            rows.append({"group": r["group"], "samples_per_step": r["samples_per_step"], "ms": measured[r["index"]],
+                         "terms": [list(shard_terms(sh, r["samples_per_step"])) for sh in r["shards"]]})
+    doc = fit_document(rows, seed=seed)
+    doc["calibration"] = {"ps": ps_count, "quick": quick, "seed": seed, "sets": len(rows),
+                          "seconds": round(time.perf_counter() - t0, 1), "host_cpus": os.cpu_count()}
+    return doc

@@ -1,0 +1,140 @@
+"""The PS microbenchmark client: time one training step's lookup + update of a set of shards.
+
+Runs as its own process (``python -m gmeta_tf.plan.measure JOB.json OUT.jsonl``) because
+connecting to a cluster rewires the whole TensorFlow eager context of a process; the driver
+(``calibrate.py``) starts the PS and this client, and kills both when done.
+
+It does what a worker does to its tables, with the trainer's own pieces:
+``model.tables.EmbeddingTable`` (named cuckoo tables on ``/job:ps/task:0``, ``bp_v2`` updates),
+one ``DynamicEmbeddingOptimizer(Adam)`` per table (``meta.optimizers.TableOptimizers``), one
+unique lookup per table per step, all tables in one ``tf.function``. Tables are created one at a
+time and waited for (concurrent creation has crashed PS processes). Ids come from
+``access.IdSampler``: fresh draws every step, so cold ids are inserted as in training.
+
+Tracing that step costs ~0.3-0.5 s per table on 2 cores (TFRA's optimizer graph), far more
+than the step itself, so a job is a list of *configs* (the tables' dims: created and traced
+once) each with *variants* (rows, pooling, skew, samples per step: only the ids change; the
+tables are cleared between variants). Per variant: ``warmup`` steps, then the median of
+``steps`` timed steps, in milliseconds, appended to OUT as one JSON line at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Dict, List
+
+import numpy as np
+
+PS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
+CAPACITY_CAP = 1 << 14  # pre-size tables for this many rows (cuckoo tables allocate values up front)
+
+
+def _connect(address: str) -> None:
+    import tensorflow as tf
+
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [address]}), job_name="calib",
+                                              make_master_device_default=False)
+    with tf.device(PS_DEVICE):
+        value = tf.constant(1) + 1
+    int(value.numpy())
+
+
+def _all_vars(tables, opts):
+    return [v for t in tables for v in [t.variable, *t.slot_variables(opts.for_shadow(t.shadow))]]
+
+
+def _create(dims: List[int], namespace: str):
+    from tensorflow.python.eager import context
+
+    from gmeta_tf.meta.optimizers import TableOptimizers
+    from gmeta_tf.model.tables import EmbeddingTable
+
+    tables, opts = [], TableOptimizers("adam", 1e-3)
+    for k, dim in enumerate(dims):
+        t = EmbeddingTable(f"t{k}", int(dim), [PS_DEVICE], namespace, init_stddev=0.01, seed=k,
+                           bp_v2=True, expected_rows=CAPACITY_CAP)
+        opts.build({t.name: t.shadow})
+        for var in _all_vars([t], opts):
+            int(var.size(0).numpy())  # answered only after the PS has created it
+        context.async_wait()
+        tables.append(t)
+    return tables, opts
+
+
+def _batches(shards: List[Dict], samples_per_step: int, n: int, seed: int):
+    import tensorflow as tf
+
+    from gmeta_tf.plan.access import IdSampler, lookups_per_step
+
+    per_table = []
+    for k, sh in enumerate(shards):
+        sampler = IdSampler(int(sh["rows"]), sh["skew"], seed=seed * 1000 + k)
+        size = lookups_per_step(float(sh["pooling"]), samples_per_step)
+        per_table.append([sampler.draw(size) for _ in range(n)])
+    return [[tf.constant(per_table[k][i], tf.int64) for k in range(len(shards))] for i in range(n)]
+
+
+def _step_fn(tables, opts):
+    import tensorflow as tf
+
+    shadows = [t.shadow for t in tables]
+    spec = [tf.TensorSpec([None], tf.int64) for _ in tables]
+
+    @tf.function(input_signature=[spec])
+    def step(ids_list):
+        with tf.GradientTape() as tape:
+            loss = tf.constant(0.0)
+            for t, ids in zip(tables, ids_list):
+                looked = t.lookup_unique([ids])
+                loss += tf.reduce_sum(tf.square(tf.gather(looked.rows, looked.index)))
+        grads = tape.gradient(loss, shadows)
+        opts.apply_gradients(zip(grads, shadows))
+        return loss
+
+    return step
+
+
+def measure_config(dims: List[int], variants: List[Dict], warmup: int, steps: int, namespace: str,
+                   emit) -> None:
+    """Create + trace the tables once; ``emit(variant, times_ms)`` for each variant."""
+    tables, opts = _create(dims, namespace)
+    step = _step_fn(tables, opts)
+    for v in variants:
+        batches = _batches(v["shards"], int(v["samples_per_step"]), warmup + steps, int(v.get("seed", 0)))
+        times = []
+        for i, ids in enumerate(batches):
+            t0 = time.perf_counter()
+            float(step(ids).numpy())
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1000)
+        for var in _all_vars(tables, opts):  # the next variant starts from empty tables
+            var.clear()
+        emit(v, times)
+
+
+def main(job_path: str, out_path: str) -> None:
+    import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+    with open(job_path) as f:
+        job = json.load(f)
+    _connect(job["ps"])
+
+    def emit(v, times):
+        with open(out_path, "a") as f:
+            f.write(json.dumps({"index": v["index"], "ms": float(np.median(times)), "times": times}) + "\n")
+
+    # The first config pays one-off costs (remote function registration): warm up on a tiny one.
+    measure_config([8], [{"index": -1, "samples_per_step": 64, "shards": [{"rows": 100, "pooling": 1.0,
+                                                                          "skew": [1.0] + [0.0] * 16}]}],
+                   1, 1, f"calib{os.getpid()}w", lambda v, t: None)
+    for i, c in enumerate(job["configs"]):
+        measure_config(c["dims"], c["variants"], int(job["warmup"]), int(job["steps"]),
+                       f"calib{os.getpid()}c{i}", emit)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m gmeta_tf.plan.measure JOB.json OUT.jsonl")
+    main(sys.argv[1], sys.argv[2])
