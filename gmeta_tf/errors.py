@@ -15,3 +15,7 @@ class ClusterError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint is missing, incomplete or does not match the model."""
+
+
+class PlanError(UserError):
+    """A sharding request that cannot be met (a table fits no PS, not enough memory in total)."""

@@ -94,3 +94,23 @@ def prepare_cmd(inputs, out, overwrite, config_path, overrides, **opts):
         extra[f"prepare.{key}"] = json.dumps(value)
     cfg = build_config(config_path, overrides, extra)
     click.echo(format_summary(prepare(list(inputs), out, cfg.prepare, overwrite=overwrite)))
+
+
+@data.command("stats")
+@click.argument("data_dir", type=click.Path(file_okay=False))
+@config_options
+@friendly_errors
+def stats_cmd(data_dir, config_path, overrides):
+    """(Re)compute the per-table statistics the sharding planner uses; store them in schema.json."""
+    from gmeta_tf.data.table_stats import update_schema
+    from gmeta_tf.plan.spec import SKEW_EDGES
+
+    cfg = build_config(config_path, overrides)
+    table = update_schema(data_dir)
+    once, hot = SKEW_EDGES.index(1.0), SKEW_EDGES.index(8.0) + 1
+    click.echo(f"{'table':<20} {'rows':>12} {'dim':>5} {'pooling':>8} {'lookups':>12} {'used once':>10} {'used >8x':>9}")
+    for name, st in table.items():
+        skew = st["skew"]
+        click.echo(f"{name:<20} {st['rows']:>12,} {cfg.model.embedding_dim:>5} {st['pooling']:>8.2f} "
+                   f"{st['lookups']:>12,} {skew[once]:>10.1%} {sum(skew[hot:]):>9.1%}")
+    click.echo(f"updated {data_dir}/schema.json (table_stats, train split)")

@@ -17,11 +17,10 @@ import socket
 import time
 from typing import Callable, Dict, List, Optional
 
-import yaml
-
 from gmeta_tf.cluster.tf_config import tf_config_from_env
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import ClusterError
+from gmeta_tf.plan.placement_file import TablePlacement, check_tasks, read_placement
 
 JOB_NAMESPACE = "gmeta"
 
@@ -54,25 +53,9 @@ def wait_reachable(addresses: List[str], timeout_s: float) -> None:
                 time.sleep(0.5)
 
 
-def load_placement(path: Optional[str]) -> Optional[Dict[str, List[int]]]:
-    """``placement.yaml`` (written by ``gmeta plan``): ``tables: {name: [ps task, ...]}``."""
-    if not path:
-        return None
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ClusterError(f"cluster.placement {path}: {e.strerror}") from None
-    tables = doc.get("tables")
-    if not isinstance(tables, dict):
-        raise ClusterError(f"cluster.placement {path}: expected a 'tables' mapping")
-    out = {}
-    for name, spec in tables.items():
-        tasks = spec.get("ps") if isinstance(spec, dict) else spec
-        if not isinstance(tasks, list) or not tasks or not all(isinstance(t, int) for t in tasks):
-            raise ClusterError(f"cluster.placement {path}: table {name!r} needs a non-empty list of PS task indices")
-        out[str(name)] = tasks
-    return out
+def load_placement(path: Optional[str]) -> Optional[Dict[str, TablePlacement]]:
+    """``placement.yaml`` (written by ``gmeta plan``); the format is in ``plan/placement_file.py``."""
+    return read_placement(path)
 
 
 def _touch_every_ps(n: int) -> None:
@@ -127,11 +110,7 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
                 _touch_every_ps(len(ps))
             sync.barrier()
         if placement:
-            for name, tasks in placement.items():
-                bad = [t for t in tasks if not 0 <= t < len(ps)]
-                if bad:
-                    raise ClusterError(f"placement puts table {name!r} on PS task(s) {bad}, "
-                                       f"but only {len(ps)} PS are configured")
+            check_tasks(placement, len(ps))
     rank_log(f"worker {sync.rank}/{sync.size}: {len(ps)} PS ({', '.join(ps) or 'local tables'}), "
              f"device {gpu or 'CPU'}")
     return Runtime(sync=sync, ps_tasks=len(ps), namespace=JOB_NAMESPACE if ps else None,

@@ -42,6 +42,8 @@ Ids are non-negative int64: integer inputs are kept, strings are hashed (``hash_
      "multi_hot":   [{"name", "cardinality", "hashed", "pooling": <mean ids/sample>, "max_len"}],
      "dense":       [{"name", "mean", "std"}],            # statistics of the train split
      "label_stats": {"mean", "std"},
+     "table_stats": {<table>: {"rows", "pooling", "lookups", "skew": [17 shares]}},  # train split,
+                                                           # for ``gmeta plan`` (optional)
      "support_query": {"query", "max_support", "split_by"},
      "splits": {"train": {"tasks", "samples", "files": [...]}, "valid": ..., "test": ...},
      "summary": {"input_rows", "tasks_in", "tasks_kept", "dropped": {<reason>: count},

@@ -13,7 +13,8 @@ Pipeline (each step is a small module, all vectorized over samples):
 4. here            build the list columns with ``ListArray.from_arrays(offsets, values)``
                    and write every split's shards plus ``schema.json`` into a temp dir that
                    ``atomic`` renames into place only when complete;
-5. ``stats``       cardinalities, pooling, dense and label statistics (train split).
+5. ``stats``       cardinalities, pooling, dense and label statistics (train split), and
+                   the per-table access statistics the sharding planner uses.
 """
 from __future__ import annotations
 
@@ -186,6 +187,11 @@ def _schema(
         ],
         "dense": stats.dense_stats(m.dense, s.dense[train_rows]),
         "label_stats": stats.label_stats(s.label[train_rows]),
+        "table_stats": {  # for the sharding planner (``data/table_stats.py``)
+            **{c: stats.access_stats(s.cats[c][train_rows], train_rows.size) for c in m.categorical},
+            **{c: stats.access_stats(s.multi[c].take(pa.array(train_rows)).flatten().to_numpy(zero_copy_only=False),
+                                     train_rows.size) for c in m.multi_hot},
+        },
         "support_query": {"query": cfg.query, "max_support": cfg.max_support, "split_by": cfg.split_by},
         "splits": split_info,
         "summary": summary,

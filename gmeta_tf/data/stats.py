@@ -50,3 +50,23 @@ def dense_stats(names: List[str], train_dense: np.ndarray) -> List[Dict]:
 def label_stats(train_labels: np.ndarray) -> Dict:
     y = train_labels.astype(np.float64)
     return {"mean": float(y.mean()) if y.size else 0.0, "std": _safe_std(y)}
+
+
+def access_stats(ids: np.ndarray, n_samples: int) -> Dict:
+    """What the sharding planner needs of one table, from every id lookup of the train split.
+
+    ``rows``: distinct ids (what training inserts into the table; valid/test ids are looked
+    up without insertion); ``pooling``: ids per sample; ``skew``: the share of distinct ids
+    whose access count falls in each ``plan.spec.SKEW_EDGES`` bin (the Meta DLRM dataset's
+    description of a table), from which a PS's cache behaviour can be predicted.
+    """
+    from gmeta_tf.plan.spec import skew_histogram
+
+    ids = np.asarray(ids, dtype=np.int64)
+    _, counts = np.unique(ids, return_counts=True)
+    return {
+        "rows": int(counts.size),
+        "pooling": float(ids.size / n_samples) if n_samples else 0.0,
+        "lookups": int(ids.size),
+        "skew": [round(x, 6) for x in skew_histogram(counts)],
+    }

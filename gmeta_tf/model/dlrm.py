@@ -11,13 +11,15 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
+from gmeta_tf.model.column_split import ColumnSplitTable, storage_tables
 from gmeta_tf.model.dense_tower import DenseTower
 from gmeta_tf.model.tables import EmbeddingTable, local_namespace, table_devices
+from gmeta_tf.plan.placement_file import ColumnSplit, TablePlacement
 
 
 class DLRM:
     def __init__(self, cfg: ModelConfig, schema: dict, *, namespace: Optional[str] = None,
-                 ps_tasks: int = 0, placement: Optional[Dict[str, List[int]]] = None,
+                 ps_tasks: int = 0, placement: Optional[Dict[str, TablePlacement]] = None,
                  bp_v2: bool = False):
         self.cfg = cfg
         self.schema = schema
@@ -27,11 +29,17 @@ class DLRM:
         self.n_dense = len(schema["dense"])
         self.namespace = namespace or local_namespace()
         placement = placement or {}
-        self.tables: List[EmbeddingTable] = []
+        self.tables: List[EmbeddingTable | ColumnSplitTable] = []
         rows = {c["name"]: int(c.get("cardinality", 0)) for c in schema["categorical"] + schema["multi_hot"]}
         for i, name in enumerate(self.table_names):
+            spec = placement.get(name)
+            if isinstance(spec, ColumnSplit):  # planner's column split: n tables of dim d/n
+                self.tables.append(ColumnSplitTable(
+                    name, cfg.embedding_dim, spec.columns, ps_tasks, self.namespace, cfg.init_stddev,
+                    seed=cfg.seed + i, bp_v2=bp_v2, expected_rows=rows.get(name, 0)))
+                continue
             self.tables.append(EmbeddingTable(
-                name, cfg.embedding_dim, table_devices(ps_tasks, placement.get(name)),
+                name, cfg.embedding_dim, table_devices(ps_tasks, spec),
                 self.namespace, cfg.init_stddev, seed=cfg.seed + i, bp_v2=bp_v2,
                 expected_rows=rows.get(name, 0)))
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
@@ -59,8 +67,12 @@ class DLRM:
     def adapted_names(self, adapt: str) -> Sequence[str]:
         return self.tower.names("top" if adapt == "top" else "dense")
 
+    def storage_tables(self) -> List[EmbeddingTable]:
+        """The TFRA tables themselves (a column-split table is several): train, save, size these."""
+        return storage_tables(self.tables)
+
     def trainable_shadows(self) -> List[tf.Variable]:
-        return [t.shadow for t in self.tables]
+        return [t.shadow for t in self.storage_tables()]
 
     def shadows_by_table(self) -> Dict[str, tf.Variable]:
-        return {t.name: t.shadow for t in self.tables}
+        return {t.name: t.shadow for t in self.storage_tables()}

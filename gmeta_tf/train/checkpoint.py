@@ -67,7 +67,7 @@ class CheckpointManager:
     # -- save ---------------------------------------------------------------------------------
     def tables_to_save(self) -> Dict[str, object]:
         out = {}
-        for table in self.model.tables:
+        for table in self.model.storage_tables():  # column-split tables: every block
             out[table.name] = table.variable
             for slot in table.slot_variables(self.emb_opt.for_shadow(table.shadow)):
                 out[_slot_key(table.name, slot)] = slot

@@ -39,7 +39,7 @@ class Runtime:
     sync: object = field(default_factory=LocalSync)
     ps_tasks: int = 0
     namespace: Optional[str] = None  # TFRA table namespace; shared by all workers of one job
-    placement: Optional[Dict[str, List[int]]] = None
+    placement: Optional[Dict[str, object]] = None  # plan.placement_file.read_placement
     bp_v2: bool = False
     log: Callable[[str], None] = print
     ps_addresses: List[str] = field(default_factory=list)
@@ -104,7 +104,7 @@ def _wait_for_ps(model: DLRM, emb_opt) -> None:
     """
     from tensorflow.python.eager import context
 
-    for table in model.tables:
+    for table in model.storage_tables():
         for var in [table.variable, *table.slot_variables(emb_opt.for_shadow(table.shadow))]:
             for shard in range(len(var.devices)):
                 int(var.size(shard).numpy())
@@ -191,7 +191,9 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         "tasks_per_s": rank_tps, "ranks": rt.size, "ps": rt.ps_tasks, "history": history,
         "aggregate_tasks_per_s": rt.sync.allreduce_scalar(rank_tps if math.isfinite(rank_tps) else 0.0),
         "dense_digest": dense_digest(model),
-        "table_rows_per_ps": {t.name: t.shard_sizes() for t in model.tables} if rt.rank == 0 else {},
+        "table_rows_per_ps": {t.name: t.shard_sizes() for t in model.storage_tables()} if rt.rank == 0 else {},
+        # where each TFRA table's rows are, by PS task (the placement check reads this)
+        "table_rows_by_ps_task": rows_by_ps_task(model) if rt.rank == 0 and rt.ps_tasks else {},
     }
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
     (run_dir / "ranks" / f"rank{rt.rank}.json").write_text(json.dumps(
@@ -232,6 +234,15 @@ def lost_ps_error(e: Exception, rt: Runtime, step: int):
     first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
     return ClusterError(f"rank {rt.rank}: lost {who} at step {step}: {first}. "
                         f"Restart the PS and re-run with the same --out to resume from the last checkpoint")
+
+
+def rows_by_ps_task(model: DLRM) -> Dict[str, Dict[str, int]]:
+    """``{table: {ps task: rows}}``: each shard's size, read on the PS that holds it."""
+    out = {}
+    for t in model.storage_tables():
+        tasks = [int(re.search(r"/task:(\d+)", d).group(1)) for d in t.devices]
+        out[t.name] = {str(task): rows for task, rows in zip(tasks, t.shard_sizes())}
+    return out
 
 
 def dense_digest(model: DLRM) -> str:

@@ -1,0 +1,65 @@
+"""Per-table access statistics of a prepared directory (``schema.json`` ``table_stats``).
+
+``prepare`` records them while it writes; ``gmeta data stats`` recomputes them from the train
+split of an already-prepared directory (one written before they existed, or to refresh them)
+and rewrites ``schema.json`` atomically. Both count exactly the ids the reader will feed
+training: the train split's support and query samples as written.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gmeta_tf.data import format as fmt
+from gmeta_tf.data import stats
+from gmeta_tf.errors import DataError
+from gmeta_tf.metaio.reader import load_schema
+
+KEY = "table_stats"
+
+
+def table_names(schema: dict) -> List[str]:
+    return [c["name"] for c in schema["categorical"]] + [c["name"] for c in schema["multi_hot"]]
+
+
+def compute(data_dir: str) -> Dict[str, Dict]:
+    """``{table: access_stats}`` over the train split of ``data_dir``."""
+    schema = load_schema(data_dir)
+    files = [Path(data_dir) / f for f in schema["splits"]["train"]["files"]]
+    cats = [c["name"] for c in schema["categorical"]]
+    multis = [c["name"] for c in schema["multi_hot"]]
+    cols = [fmt.cat_col(w, n) for w in fmt.SETS for n in cats] + [fmt.multi_col(w, n) for w in fmt.SETS for n in multis]
+    ids: Dict[str, List[np.ndarray]] = {n: [] for n in cats + multis}
+    n_samples = 0
+    for f in files:
+        try:
+            t = pq.read_table(f, columns=cols + [fmt.N_SUPPORT, fmt.N_QUERY])
+        except (OSError, KeyError, ValueError) as e:
+            raise DataError(f"{f}: cannot read the train split's id columns: {str(e).splitlines()[0]}") from None
+        n_samples += int(pc.sum(t[fmt.N_SUPPORT]).as_py() or 0) + int(pc.sum(t[fmt.N_QUERY]).as_py() or 0)
+        for n in cats:
+            for w in fmt.SETS:
+                ids[n].append(pc.list_flatten(t[fmt.cat_col(w, n)]).to_numpy())
+        for n in multis:
+            for w in fmt.SETS:
+                ids[n].append(pc.list_flatten(pc.list_flatten(t[fmt.multi_col(w, n)])).to_numpy())
+    return {n: stats.access_stats(np.concatenate(v) if v else np.zeros(0, np.int64), n_samples)
+            for n, v in ids.items()}
+
+
+def update_schema(data_dir: str) -> Dict[str, Dict]:
+    """Recompute and store ``table_stats`` in ``schema.json`` (temp file + rename)."""
+    table = compute(data_dir)
+    schema = load_schema(data_dir)
+    schema[KEY] = table
+    path = Path(data_dir) / fmt.SCHEMA_FILE
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(schema, indent=2) + "\n")
+    os.replace(tmp, path)
+    return table
