@@ -47,10 +47,12 @@ def lookups_per_step(pooling: float, samples_per_step: int) -> int:
 
 
 def expected_distinct(rows: int, skew: Sequence[float], n: float) -> float:
-    """Expected distinct ids among ``n`` draws (Poisson approximation per id)."""
-    s = np.asarray(skew, dtype=np.float64)
-    p = BIN_COUNT / (max(rows, 1) * mean_count(s))  # per-draw probability of one id of each bin
-    return float(np.sum(rows * s * -np.expm1(-n * p)))
+    """Expected distinct ids among ``n`` draws of ``IdSampler`` (Poisson approximation per id)."""
+    per_bin = bin_rows(max(int(rows), 1), skew).astype(np.float64)
+    w = np.asarray(skew, dtype=np.float64) * BIN_COUNT * (per_bin > 0)
+    share = w / w.sum()  # of the lookups, per bin; spread evenly over the bin's ids
+    safe = np.maximum(per_bin, 1.0)
+    return float(np.sum(per_bin * -np.expm1(-n * share / safe)))
 
 
 def bin_rows(rows: int, skew: Sequence[float]) -> np.ndarray:

@@ -33,6 +33,9 @@ from gmeta_tf.plan.synthetic_tables import synthetic_table
 CALIB_DIMS = (2, 4, 8, 16, 32, 64, 128)  # 2: column halves of dim-4 tables
 CALIB_DIM_P = (0.04, 0.16, 0.16, 0.16, 0.16, 0.16, 0.16)
 SAMPLES_PER_STEP = (256, 512, 1024)
+MIN_SECONDS = 0.4  # timed wall time per measured set, at least (resolves the PS's CPU time)
+MAX_STEPS = 40
+COST = "ps_cpu_ms"  # what a PS set costs: the PS process's CPU ms per step (see measure.py)
 
 
 class CalibrationError(UserError):
@@ -48,14 +51,8 @@ class Settings:
     steps: int
 
 
-FULL = Settings(configs=30, variants=3, max_tables=40, warmup=1, steps=5)
+FULL = Settings(configs=30, variants=3, max_tables=40, warmup=2, steps=5)
 QUICK = Settings(configs=3, variants=2, max_tables=4, warmup=1, steps=3)
-
-
-def shard_terms(shard: Shard, samples_per_step: int) -> Tuple[float, float, float, float]:
-    """What a shard does to its PS in one step: (lookups, distinct ids, dim, rows)."""
-    n = lookups_per_step(shard.pooling, samples_per_step)
-    return float(n), expected_distinct(shard.rows, shard.skew, n), float(shard.dim), float(shard.rows)
 
 
 def shard_json(shard: Shard) -> Dict:
@@ -96,7 +93,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
-               log: Callable[[str], None]) -> Dict[int, float]:
+               log: Callable[[str], None]) -> Dict[int, Dict]:
     from launch.local_cluster import LocalCluster
 
     cluster = LocalCluster(log=lambda m: None, grace_s=3.0)
@@ -109,7 +106,9 @@ def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
             except UserError as e:
                 raise CalibrationError(f"calibration PS: {e}") from None
             with open(job_path, "w") as f:
-                json.dump({"ps": address, "warmup": warmup, "steps": steps, "configs": configs}, f)
+                json.dump({"ps": address, "ps_pid": cluster.ps_children()[0].proc.pid, "warmup": warmup,
+                           "steps": steps, "min_seconds": MIN_SECONDS, "max_steps": MAX_STEPS,
+                           "configs": configs}, f)
             client = subprocess.Popen([sys.executable, "-m", "gmeta_tf.plan.measure", job_path, out_path],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -126,7 +125,7 @@ def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
             with open(out_path) as f:
                 for line in f:
                     rec = json.loads(line)
-                    out[int(rec["index"])] = float(rec["ms"])
+                    out[int(rec["index"])] = rec
             return out
         finally:
             if client is not None:
@@ -134,13 +133,28 @@ def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
             cluster.teardown()
 
 
+def with_capacity(config: Dict, warmup: int, steps: int) -> Dict:
+    """Pre-size each table for the ids its variants will insert (bounded: ~2 GiB per set)."""
+    draws = warmup + steps + 3
+    need = [0] * len(config["dims"])
+    for v in config["variants"]:
+        for k, sh in enumerate(v["shards"]):
+            n = lookups_per_step(float(sh["pooling"]), int(v["samples_per_step"])) * draws
+            need[k] = max(need[k], int(expected_distinct(int(sh["rows"]), tuple(sh["skew"]), n)))
+    bytes_ = sum(r * 1.5 * 3 * (4 * d + 8) for r, d in zip(need, config["dims"]))
+    scale = min(1.0, 2 * 2**30 / max(bytes_, 1.0))
+    return {**config, "capacity": [max(1024, int(r * scale)) for r in need]}
+
+
 def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[[str], None] = print,
-                    tables_per_ps: int = 160) -> Dict[int, float]:
-    """Run ``configs`` (``measure.py`` job format); ``{variant index: median ms}``.
+                    tables_per_ps: int = 160) -> Dict[int, Dict]:
+    """Run ``configs`` (``measure.py`` job format); ``{variant index: record}`` where a record
+    has ``ps_cpu_ms`` and ``wall_ms`` per step.
 
     Configs are grouped into chunks of at most ``tables_per_ps`` tables; each chunk runs on a
     fresh PS, one chunk at a time.
     """
+    configs = [with_capacity(c, warmup, steps) for c in configs]
     chunks, cur, n = [], [], 0
     for c in configs:
         if cur and n + len(c["dims"]) > tables_per_ps:
@@ -150,11 +164,11 @@ def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[
         n += len(c["dims"])
     if cur:
         chunks.append(cur)
-    out: Dict[int, float] = {}
+    out: Dict[int, Dict] = {}
     for i, chunk in enumerate(chunks):
         tables = sum(len(c["dims"]) for c in chunk)
-        runs = sum(len(c["variants"]) for c in chunk) * (warmup + steps)
-        timeout = 120.0 + 3.0 * tables + 2.0 * runs
+        variants = sum(len(c["variants"]) for c in chunk)
+        timeout = 120.0 + 4.0 * tables + variants * (5.0 + 3.0 * (warmup + steps))
         t0 = time.perf_counter()
         out.update(_run_chunk(chunk, warmup, steps, timeout, log))
         log(f"[calibrate] chunk {i + 1}/{len(chunks)}: {len(chunk)} table sets, {tables} tables, "
@@ -163,8 +177,9 @@ def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[
 
 
 def measure_sets(sets: Sequence[Tuple[Sequence[Shard], int]], warmup: int = 1, steps: int = 5,
-                 log: Callable[[str], None] = print, seed: int = 0) -> List[float]:
-    """Measured ms per step of each ``(shards, samples_per_step)``; identical sets measured once."""
+                 log: Callable[[str], None] = print, seed: int = 0) -> List[Dict]:
+    """The measured record (``ps_cpu_ms``, ``wall_ms``) of each ``(shards, samples_per_step)``;
+    identical sets are measured once, an empty set costs 0."""
     key_of, configs = {}, []
     for shards, sps in sets:
         key = (tuple(sorted(shards, key=lambda s: (s.dim, s.rows, s.pooling, s.table, s.index))), int(sps))
@@ -179,7 +194,7 @@ def measure_sets(sets: Sequence[Tuple[Sequence[Shard], int]], warmup: int = 1, s
     out = []
     for shards, sps in sets:
         if not shards:
-            out.append(0.0)
+            out.append({"ps_cpu_ms": 0.0, "wall_ms": 0.0, "steps": 0})
             continue
         key = (tuple(sorted(shards, key=lambda s: (s.dim, s.rows, s.pooling, s.table, s.index))), int(sps))
         out.append(measured[key_of[key]])
@@ -193,7 +208,7 @@ def calibrate(ps_count: int = 1, quick: bool = False, seed: int = 0,
 
     Returns the cost-model document (``cost_model.save_model`` writes it).
     """
-    from gmeta_tf.plan.cost_model import fit_document
+    from gmeta_tf.plan.cost_model import fit_document, shard_record
 
     if ps_count < 1:
         raise CalibrationError(f"--ps must be >= 1 (got {ps_count})")
@@ -202,7 +217,7 @@ def calibrate(ps_count: int = 1, quick: bool = False, seed: int = 0,
     t0 = time.perf_counter()
     # Split the configs over ps_count PS processes, run one after another.
     per_ps = max(1, -(-len(configs) // ps_count))
-    measured: Dict[int, float] = {}
+    measured: Dict[int, Dict] = {}
     for p in range(ps_count):
         part = configs[p * per_ps:(p + 1) * per_ps]
         if part:
@@ -211,9 +226,12 @@ def calibrate(ps_count: int = 1, quick: bool = False, seed: int = 0,
     rows = []
     for r in records:
         if r["index"] in measured:
-            rows.append({"group": r["group"], "samples_per_step": r["samples_per_step"], "ms": measured[r["index"]],
-                         "terms": [list(shard_terms(sh, r["samples_per_step"])) for sh in r["shards"]]})
+            m = measured[r["index"]]
+            rows.append({"group": r["group"], "samples_per_step": r["samples_per_step"], "ms": m[COST],
+                         "wall_ms": m["wall_ms"],
+                         "shards": [shard_record(sh) for sh in r["shards"]]})
     doc = fit_document(rows, seed=seed)
+    doc["cost"] = COST
     doc["calibration"] = {"ps": ps_count, "quick": quick, "seed": seed, "sets": len(rows),
                           "seconds": round(time.perf_counter() - t0, 1), "host_cpus": os.cpu_count()}
     return doc

@@ -10,7 +10,7 @@ workers x tasks_per_batch x (support + query)); each shard gets ``pooling x samp
 lookups. An empty shard list costs 0.
 
 The model (DreamShard style) sees a PS's shard *set* through reductions of per-shard terms
-(``calibrate.shard_terms``: lookups n, expected distinct ids u from the access skew, dim d):
+(``shard_terms``: lookups n, expected distinct ids u from the access skew, dim d):
 the number of shards, sums of n, u, u*d, n*d, and maxima. Two scikit-learn regressors compete
 on held-out table sets (grouped k-fold over calibration configs) and the lower error wins:
 
@@ -20,8 +20,10 @@ on held-out table sets (grouped k-fold over calibration configs) and the lower e
 * ``hgb``: gradient-boosted trees on log features predicting log ms, monotone increasing in
   every feature (more tables never cost less).
 
-The model file is JSON: the measured rows themselves plus which regressor won. Loading refits
-(deterministic, well under a second), so no pickle ties the file to a scikit-learn version.
+The model file is JSON: the measured table sets themselves (each shard's rows, dim, pooling,
+skew; the step's samples; the median ms) plus which regressor won. Loading recomputes the
+features and refits (deterministic, well under a second), so no pickle ties the file to a
+scikit-learn version and a better feature set can reuse old measurements.
 Error reported: geometric mean over held-out sets of ``max(pred, meas) / min(pred, meas)``,
 minus 1 (0.08 = typically 8% off).
 """
@@ -31,11 +33,12 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from gmeta_tf.errors import UserError
+from gmeta_tf.plan.access import expected_distinct, lookups_per_step
 from gmeta_tf.plan.spec import Shard
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "resources" / "ps_cost_model.json"
@@ -46,6 +49,25 @@ TREE_FEATURES = ("count", "sum_n", "sum_u", "sum_ud", "sum_nd", "sum_d", "max_ud
 
 class CostModelError(UserError):
     """A cost-model file is missing, unreadable or from another format version."""
+
+
+@functools.lru_cache(maxsize=65536)
+def shard_terms(rows: int, dim: int, pooling: float, skew: tuple, samples_per_step: int):
+    """What a shard does to its PS in one step: (lookups, expected distinct ids, dim, rows)."""
+    n = lookups_per_step(pooling, samples_per_step)
+    return (float(n), expected_distinct(rows, skew, n), float(dim), float(rows))
+
+
+def row_terms(row: Dict) -> List[Tuple[float, ...]]:
+    """Terms of a measured row: ``shards`` = [[rows, dim, pooling, skew], ...] (or given ``terms``)."""
+    if "terms" in row:
+        return [tuple(t) for t in row["terms"]]
+    sps = int(row["samples_per_step"])
+    return [shard_terms(int(r), int(d), float(p), tuple(sk), sps) for r, d, p, sk in row["shards"]]
+
+
+def shard_record(s: Shard) -> list:
+    return [int(s.rows), int(s.dim), float(s.pooling), [round(float(x), 6) for x in s.skew]]
 
 
 def set_features(terms: Sequence[Sequence[float]]) -> Dict[str, float]:
@@ -60,7 +82,7 @@ def set_features(terms: Sequence[Sequence[float]]) -> Dict[str, float]:
 
 
 def _matrix(rows: Sequence[Dict], names: Sequence[str]) -> np.ndarray:
-    return np.array([[set_features(r["terms"])[k] for k in names] for r in rows], dtype=np.float64)
+    return np.array([[set_features(row_terms(r))[k] for k in names] for r in rows], dtype=np.float64)
 
 
 class _Linear:
@@ -156,13 +178,13 @@ class CostModel:
     def ps_cost(self, shards: Sequence[Shard], samples_per_step: int) -> float:
         if not shards:
             return 0.0
-        terms = [_terms(s.rows, s.dim, s.pooling, s.skew, int(samples_per_step)) for s in shards]
+        terms = [shard_terms(s.rows, s.dim, s.pooling, s.skew, int(samples_per_step)) for s in shards]
         return float(self._reg.predict_features(set_features(terms)))
 
     def ps_costs(self, shard_lists: Sequence[Sequence[Shard]], samples_per_step: int) -> List[float]:
         """``ps_cost`` of many PS shard sets in one ``predict`` (the search scores many)."""
         sps = int(samples_per_step)
-        return self.predict_terms([[_terms(s.rows, s.dim, s.pooling, s.skew, sps) for s in shards]
+        return self.predict_terms([[shard_terms(s.rows, s.dim, s.pooling, s.skew, sps) for s in shards]
                                    for shards in shard_lists]).tolist()
 
     def predict_terms(self, terms_list: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
@@ -171,13 +193,6 @@ class CostModel:
         x = np.array([[set_features(t)[k] for k in self._reg.features] for t in terms_list])
         out = self._reg.predict(x)
         return np.where([len(t) == 0 for t in terms_list], 0.0, out)
-
-
-@functools.lru_cache(maxsize=65536)
-def _terms(rows: int, dim: int, pooling: float, skew: tuple, samples_per_step: int):
-    from gmeta_tf.plan.calibrate import shard_terms
-
-    return shard_terms(Shard("", "table", 0, 1, rows, dim, pooling, skew), samples_per_step)
 
 
 def save_model(doc: Dict, path: str) -> None:

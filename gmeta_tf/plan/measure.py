@@ -14,8 +14,9 @@ time and waited for (concurrent creation has crashed PS processes). Ids come fro
 Tracing that step costs ~0.3-0.5 s per table on 2 cores (TFRA's optimizer graph), far more
 than the step itself, so a job is a list of *configs* (the tables' dims: created and traced
 once) each with *variants* (rows, pooling, skew, samples per step: only the ids change; the
-tables are cleared between variants). Per variant: ``warmup`` steps, then the median of
-``steps`` timed steps, in milliseconds, appended to OUT as one JSON line at once.
+tables are cleared between variants). Per variant (``measure_config``): the PS process's CPU
+milliseconds per step and the client's median wall milliseconds per step, appended to OUT as
+one JSON line at once.
 """
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
 PS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
-CAPACITY_CAP = 1 << 14  # pre-size tables for this many rows (cuckoo tables allocate values up front)
+DEFAULT_CAPACITY = 1 << 14  # rows a table is pre-sized for when the job gives no ``capacity``
 
 
 def _connect(address: str) -> None:
@@ -45,16 +46,16 @@ def _all_vars(tables, opts):
     return [v for t in tables for v in [t.variable, *t.slot_variables(opts.for_shadow(t.shadow))]]
 
 
-def _create(dims: List[int], namespace: str):
+def _create(dims: List[int], capacity: List[int], namespace: str):
     from tensorflow.python.eager import context
 
     from gmeta_tf.meta.optimizers import TableOptimizers
     from gmeta_tf.model.tables import EmbeddingTable
 
     tables, opts = [], TableOptimizers("adam", 1e-3)
-    for k, dim in enumerate(dims):
+    for k, (dim, rows) in enumerate(zip(dims, capacity)):
         t = EmbeddingTable(f"t{k}", int(dim), [PS_DEVICE], namespace, init_stddev=0.01, seed=k,
-                           bp_v2=True, expected_rows=CAPACITY_CAP)
+                           bp_v2=True, expected_rows=int(rows))
         opts.build({t.name: t.shadow})
         for var in _all_vars([t], opts):
             int(var.size(0).numpy())  # answered only after the PS has created it
@@ -96,22 +97,56 @@ def _step_fn(tables, opts):
     return step
 
 
-def measure_config(dims: List[int], variants: List[Dict], warmup: int, steps: int, namespace: str,
-                   emit) -> None:
-    """Create + trace the tables once; ``emit(variant, times_ms)`` for each variant."""
-    tables, opts = _create(dims, namespace)
+def ps_cpu_ns(pid: int) -> int:
+    """CPU time (ns) the PS process has run so far: the sum over its threads' schedstat."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just exited
+            continue
+    return total
+
+
+def measure_config(dims: List[int], variants: List[Dict], job: Dict, namespace: str, emit,
+                   capacity: Optional[List[int]] = None) -> None:
+    """Create + trace the tables once; ``emit(record)`` for each variant.
+
+    What is measured per variant, after ``warmup`` untimed steps: the CPU time the PS process
+    spent per step (``ps_cpu_ms``: the PS's own lookup + update work, which is what the PS
+    contributes to a step and what other processes' load barely disturbs), and the median
+    wall time of a step as the client sees it (``wall_ms``). Steps run until at least
+    ``steps`` steps and ``min_seconds`` of wall time (CPU time needs enough of it to resolve),
+    at most ``max_steps``.
+
+    ``capacity``: rows to pre-size each table for, as the trainer pre-sizes from the data's
+    cardinality (``tables.initial_capacity``): a cuckoo table that grows mid-step rehashes,
+    a cost training does not pay.
+    """
+    tables, opts = _create(dims, capacity or [DEFAULT_CAPACITY] * len(dims), namespace)
     step = _step_fn(tables, opts)
+    pid, warmup, min_steps = int(job["ps_pid"]), int(job["warmup"]), int(job["steps"])
     for v in variants:
-        batches = _batches(v["shards"], int(v["samples_per_step"]), warmup + steps, int(v.get("seed", 0)))
-        times = []
-        for i, ids in enumerate(batches):
+        sps, seed = int(v["samples_per_step"]), int(v.get("seed", 0))
+        warm_ms = []
+        for ids in _batches(v["shards"], sps, warmup, seed):
             t0 = time.perf_counter()
             float(step(ids).numpy())
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) * 1000)
+            warm_ms.append((time.perf_counter() - t0) * 1000)
+        guess = max(min(warm_ms[1:] or warm_ms), 0.5) if len(warm_ms) > 1 else 50.0
+        n = int(np.clip(np.ceil(float(job["min_seconds"]) * 1000 / guess), min_steps, int(job["max_steps"])))
+        batches = _batches(v["shards"], sps, n, seed + 7919)
+        wall = []
+        cpu0 = ps_cpu_ns(pid)
+        for ids in batches:
+            t0 = time.perf_counter()
+            float(step(ids).numpy())
+            wall.append((time.perf_counter() - t0) * 1000)
+        cpu_ms = (ps_cpu_ns(pid) - cpu0) / 1e6 / n
         for var in _all_vars(tables, opts):  # the next variant starts from empty tables
             var.clear()
-        emit(v, times)
+        emit({"index": v["index"], "ps_cpu_ms": cpu_ms, "wall_ms": float(np.median(wall)), "steps": n})
 
 
 def main(job_path: str, out_path: str) -> None:
@@ -121,17 +156,16 @@ def main(job_path: str, out_path: str) -> None:
         job = json.load(f)
     _connect(job["ps"])
 
-    def emit(v, times):
+    def emit(record):
         with open(out_path, "a") as f:
-            f.write(json.dumps({"index": v["index"], "ms": float(np.median(times)), "times": times}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
     # The first config pays one-off costs (remote function registration): warm up on a tiny one.
-    measure_config([8], [{"index": -1, "samples_per_step": 64, "shards": [{"rows": 100, "pooling": 1.0,
-                                                                          "skew": [1.0] + [0.0] * 16}]}],
-                   1, 1, f"calib{os.getpid()}w", lambda v, t: None)
+    tiny = {"index": -1, "samples_per_step": 64, "shards": [{"rows": 100, "pooling": 1.0, "skew": [1.0] + [0.0] * 16}]}
+    measure_config([8], [tiny], {**job, "warmup": 2, "steps": 1, "min_seconds": 0}, f"calib{os.getpid()}w",
+                   lambda r: None)
     for i, c in enumerate(job["configs"]):
-        measure_config(c["dims"], c["variants"], int(job["warmup"]), int(job["steps"]),
-                       f"calib{os.getpid()}c{i}", emit)
+        measure_config(c["dims"], c["variants"], job, f"calib{os.getpid()}c{i}", emit, c.get("capacity"))
 
 
 if __name__ == "__main__":
