@@ -1,5 +1,8 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
+``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
+``sharding``); the other sections' previous results stay in the JSON file.
+
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
 hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
 in one run: absolute numbers on a 2-core box are noise, ratios are what we track.
@@ -64,7 +67,14 @@ def bench_distributed(results: Dict) -> None:
     results["distributed"] = measure(data, WORK)
 
 
-SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed}
+def bench_sharding(results: Dict) -> None:
+    from bench.sharding.run import run
+
+    results["sharding"] = run()
+
+
+SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
+                                               "sharding": bench_sharding}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -77,6 +87,12 @@ HEADLINES = [
     ("distributed.speedup_2w2ps_over_1proc", "2 workers + 2 PS / 1 process (tasks/s)", ""),
     ("distributed.speedup_2w1ps_over_1proc", "2 workers + 1 PS / 1 process (tasks/s)", ""),
     ("distributed.ps_time_share", "share of step time in PS round-trips (2w2ps)", ""),
+    ("sharding.cost_model_error", "PS cost model, held-out error (geo. mean)", "≤ 0.10"),
+    ("sharding.cost_model_error_bench", "PS cost model error on the bench's PS sets", ""),
+    ("sharding.improvement_predicted_mean", "planner vs best baseline, predicted, mean", ""),
+    ("sharding.improvement_predicted_max", "planner vs best baseline, predicted, max", ""),
+    ("sharding.improvement_measured_mean", "planner vs best baseline, measured, mean", "≥ 0.10"),
+    ("sharding.improvement_measured_max", "planner vs best baseline, measured, max", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
 ]
 
@@ -92,6 +108,10 @@ def _get(d: Dict, dotted: str):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     wanted = argv or list(SECTIONS)
+    unknown = [w for w in wanted if w not in SECTIONS]
+    if unknown:
+        print(f"unknown bench section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     WORK.mkdir(parents=True, exist_ok=True)
     for name in wanted:
