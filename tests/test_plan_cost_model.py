@@ -92,16 +92,33 @@ def test_fit_recovers_an_additive_cost_and_reports_its_error():
     assert ratio_error(np.array([1.1, 0.9]), np.array([1.0, 1.0])) == pytest.approx(np.sqrt(1.1 / 0.9) - 1)
 
 
-def test_calibration_on_a_real_ps_gives_a_fittable_model(tmp_path):
+def test_calibration_on_a_real_ps_gives_a_fittable_model(tmp_path, monkeypatch):
     from gmeta_tf.plan.calibrate import Settings, calibrate
     from gmeta_tf.plan.cost_model import save_model
+    from tests.cluster_helpers import LAUNCH_ID_ENV, processes_with_env
 
+    monkeypatch.setenv(LAUNCH_ID_ENV, "calib-test-ok")
     tiny = Settings(configs=3, variants=2, max_tables=3, warmup=1, steps=2)
     doc = calibrate(1, settings=tiny, seed=1, log=lambda m: None)
+    assert processes_with_env(LAUNCH_ID_ENV, "calib-test-ok") == []  # PS and client are gone
     assert len(doc["rows"]) == 6
-    assert all(r["ms"] > 0 and 1 <= len(r["terms"]) <= 3 for r in doc["rows"])
+    assert all(r["ms"] > 0 and r["wall_ms"] > 0 and 1 <= len(r["shards"]) <= 3 for r in doc["rows"])
+    assert doc["cost"] == "ps_cpu_ms"
     assert doc["calibration"]["sets"] == 6 and np.isfinite(doc["held_out_error"])
     path = tmp_path / "model.json"
     save_model(doc, str(path))
     model = load_cost_model(str(path))
     assert model.ps_cost([_shard("a")], 512) > 0
+
+
+def test_a_failing_microbenchmark_is_one_error_and_leaves_no_process(monkeypatch):
+    from gmeta_tf.plan.calibrate import CalibrationError, _run_chunk
+    from tests.cluster_helpers import LAUNCH_ID_ENV, processes_with_env
+
+    monkeypatch.setenv(LAUNCH_ID_ENV, "calib-test-fail")
+    config = {"dims": [8], "variants": [{"index": 0, "samples_per_step": 8, "shards": [
+        {"rows": 10, "pooling": 1.0, "skew": [1.0] + [0.0] * 16}]}]}
+    # The client cannot even import TensorFlow in 1 s: it is killed, with the PS.
+    with pytest.raises(CalibrationError, match="timed out after 1 s"):
+        _run_chunk([config], warmup=1, steps=1, timeout_s=1.0, log=lambda m: None)
+    assert processes_with_env(LAUNCH_ID_ENV, "calib-test-fail") == []

@@ -23,8 +23,8 @@ PS_COUNTS = (2, 4, 8)
 TASKS_PER_PS_COUNT = 12
 MEMORY = (("tight", 1.15), ("roomy", 1.5), ("ample", 20.0))
 # Measured on real PS processes: the first tasks of these PS counts (bench time bound).
-MEASURED_PER_PS_COUNT = {2: 4, 4: 3}
-MEASURED_MAX_TABLES = 40
+MEASURED_PER_PS_COUNT = {2: 3, 4: 3}
+MEASURED_MAX_TABLES = 30
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ from gmeta_tf.plan.synthetic_tables import synthetic_table
 CALIB_DIMS = (2, 4, 8, 16, 32, 64, 128)  # 2: column halves of dim-4 tables
 CALIB_DIM_P = (0.04, 0.16, 0.16, 0.16, 0.16, 0.16, 0.16)
 SAMPLES_PER_STEP = (256, 512, 1024)
-MIN_SECONDS = 0.4  # timed wall time per measured set, at least (resolves the PS's CPU time)
+MIN_SECONDS = 0.3  # timed wall time per measured set, at least (resolves the PS's CPU time)
 MAX_STEPS = 40
+PS_BYTES = 6 * 2**30  # pre-sized table memory one PS process may accumulate before a restart
 COST = "ps_cpu_ms"  # what a PS set costs: the PS process's CPU ms per step (see measure.py)
 
 
@@ -141,9 +142,14 @@ def with_capacity(config: Dict, warmup: int, steps: int) -> Dict:
         for k, sh in enumerate(v["shards"]):
             n = lookups_per_step(float(sh["pooling"]), int(v["samples_per_step"])) * draws
             need[k] = max(need[k], int(expected_distinct(int(sh["rows"]), tuple(sh["skew"]), n)))
-    bytes_ = sum(r * 1.5 * 3 * (4 * d + 8) for r, d in zip(need, config["dims"]))
-    scale = min(1.0, 2 * 2**30 / max(bytes_, 1.0))
+    sized = {**config, "capacity": need}
+    scale = min(1.0, 2 * 2**30 / max(_capacity_bytes(sized), 1.0))
     return {**config, "capacity": [max(1024, int(r * scale)) for r in need]}
+
+
+def _capacity_bytes(config: Dict) -> float:
+    """What pre-sizing a config's tables (value + 2 slot tables, 1.5x headroom) holds on a PS."""
+    return sum(r * 1.5 * 3 * (4 * d + 8) for r, d in zip(config["capacity"], config["dims"]))
 
 
 def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[[str], None] = print,
@@ -151,17 +157,20 @@ def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[
     """Run ``configs`` (``measure.py`` job format); ``{variant index: record}`` where a record
     has ``ps_cpu_ms`` and ``wall_ms`` per step.
 
-    Configs are grouped into chunks of at most ``tables_per_ps`` tables; each chunk runs on a
-    fresh PS, one chunk at a time.
+    Configs are grouped into chunks of at most ``tables_per_ps`` tables and ``PS_BYTES`` of
+    pre-sized tables (a PS keeps a cleared table's memory); each chunk runs on a fresh PS, one
+    chunk at a time.
     """
     configs = [with_capacity(c, warmup, steps) for c in configs]
-    chunks, cur, n = [], [], 0
+    chunks, cur, n, held = [], [], 0, 0.0
     for c in configs:
-        if cur and n + len(c["dims"]) > tables_per_ps:
+        b = _capacity_bytes(c)
+        if cur and (n + len(c["dims"]) > tables_per_ps or held + b > PS_BYTES):
             chunks.append(cur)
-            cur, n = [], 0
+            cur, n, held = [], 0, 0.0
         cur.append(c)
         n += len(c["dims"])
+        held += b
     if cur:
         chunks.append(cur)
     out: Dict[int, Dict] = {}
@@ -171,7 +180,7 @@ def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[
         timeout = 120.0 + 4.0 * tables + variants * (5.0 + 3.0 * (warmup + steps))
         t0 = time.perf_counter()
         out.update(_run_chunk(chunk, warmup, steps, timeout, log))
-        log(f"[calibrate] chunk {i + 1}/{len(chunks)}: {len(chunk)} table sets, {tables} tables, "
+        log(f"[measure] PS run {i + 1}/{len(chunks)}: {len(chunk)} table sets, {tables} tables, "
             f"{time.perf_counter() - t0:.0f} s")
     return out
 
