@@ -109,47 +109,49 @@ def ps_cpu_ns(pid: int) -> int:
     return total
 
 
-def measure_config(dims: List[int], variants: List[Dict], job: Dict, namespace: str, emit,
-                   capacity: Optional[List[int]] = None) -> None:
-    """Create + trace the tables once; ``emit(record)`` for each variant.
+class Config:
+    """One table set on the PS: its tables, created and traced once, measured per variant."""
 
-    What is measured per variant, after ``warmup`` untimed steps: the CPU time the PS process
-    spent per step (``ps_cpu_ms``: the PS's own lookup + update work, which is what the PS
-    contributes to a step and what other processes' load barely disturbs), and the median
-    wall time of a step as the client sees it (``wall_ms``). Steps run until at least
-    ``steps`` steps and ``min_seconds`` of wall time (CPU time needs enough of it to resolve),
-    at most ``max_steps``.
+    def __init__(self, dims: List[int], namespace: str, capacity: Optional[List[int]] = None):
+        """``capacity``: rows to pre-size each table for, as the trainer pre-sizes from the
+        data's cardinality (``tables.initial_capacity``): a cuckoo table that grows mid-step
+        rehashes, a cost training does not pay."""
+        self.tables, self.opts = _create(dims, capacity or [DEFAULT_CAPACITY] * len(dims), namespace)
+        self.step = _step_fn(self.tables, self.opts)
 
-    ``capacity``: rows to pre-size each table for, as the trainer pre-sizes from the data's
-    cardinality (``tables.initial_capacity``): a cuckoo table that grows mid-step rehashes,
-    a cost training does not pay.
-    """
-    tables, opts = _create(dims, capacity or [DEFAULT_CAPACITY] * len(dims), namespace)
-    step = _step_fn(tables, opts)
-    pid, warmup, min_steps = int(job["ps_pid"]), int(job["warmup"]), int(job["steps"])
-    for v in variants:
-        sps, seed = int(v["samples_per_step"]), int(v.get("seed", 0))
+    def measure(self, v: Dict, job: Dict, seed: int) -> Dict:
+        """One variant: after ``warmup`` untimed steps, the CPU time the PS process spent per
+        step (``ps_cpu_ms``: the PS's own lookup + update work, what the PS contributes to a
+        step, and what other processes' load disturbs least) and the client's median wall time
+        per step (``wall_ms``). At least ``steps`` steps and ``min_seconds`` of wall time (CPU
+        time needs enough of it to resolve), at most ``max_steps``. Tables are emptied after."""
+        pid, warmup, min_steps = int(job["ps_pid"]), int(job["warmup"]), int(job["steps"])
+        sps = int(v["samples_per_step"])
         warm_ms = []
         for ids in _batches(v["shards"], sps, warmup, seed):
             t0 = time.perf_counter()
-            float(step(ids).numpy())
+            float(self.step(ids).numpy())
             warm_ms.append((time.perf_counter() - t0) * 1000)
-        guess = max(min(warm_ms[1:] or warm_ms), 0.5) if len(warm_ms) > 1 else 50.0
+        guess = max(min(warm_ms[1:]), 0.5) if len(warm_ms) > 1 else 50.0
         n = int(np.clip(np.ceil(float(job["min_seconds"]) * 1000 / guess), min_steps, int(job["max_steps"])))
         batches = _batches(v["shards"], sps, n, seed + 7919)
         wall = []
         cpu0 = ps_cpu_ns(pid)
         for ids in batches:
             t0 = time.perf_counter()
-            float(step(ids).numpy())
+            float(self.step(ids).numpy())
             wall.append((time.perf_counter() - t0) * 1000)
         cpu_ms = (ps_cpu_ns(pid) - cpu0) / 1e6 / n
-        for var in _all_vars(tables, opts):  # the next variant starts from empty tables
+        for var in _all_vars(self.tables, self.opts):  # the next variant starts from empty tables
             var.clear()
-        emit({"index": v["index"], "ps_cpu_ms": cpu_ms, "wall_ms": float(np.median(wall)), "steps": n})
+        return {"index": v["index"], "ps_cpu_ms": cpu_ms, "wall_ms": float(np.median(wall)), "steps": n}
 
 
 def main(job_path: str, out_path: str) -> None:
+    """Pass 1 measures the configs in order; each further pass (``passes``) measures them all
+    again in reverse order with fresh ids, reusing the traced steps. The driver keeps the
+    lowest cost per variant: a burst of load from other processes can only add time, and two
+    passes a minute apart are unlikely to both hit one."""
     import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 
     with open(job_path) as f:
@@ -162,10 +164,16 @@ def main(job_path: str, out_path: str) -> None:
 
     # The first config pays one-off costs (remote function registration): warm up on a tiny one.
     tiny = {"index": -1, "samples_per_step": 64, "shards": [{"rows": 100, "pooling": 1.0, "skew": [1.0] + [0.0] * 16}]}
-    measure_config([8], [tiny], {**job, "warmup": 2, "steps": 1, "min_seconds": 0}, f"calib{os.getpid()}w",
-                   lambda r: None)
+    Config([8], f"calib{os.getpid()}w").measure(tiny, {**job, "warmup": 2, "steps": 1, "min_seconds": 0}, 0)
+    built = []
     for i, c in enumerate(job["configs"]):
-        measure_config(c["dims"], c["variants"], job, f"calib{os.getpid()}c{i}", emit, c.get("capacity"))
+        built.append(Config(c["dims"], f"calib{os.getpid()}c{i}", c.get("capacity")))
+        for v in c["variants"]:
+            emit({**built[-1].measure(v, job, int(v.get("seed", 0))), "pass": 0})
+    for p in range(1, int(job.get("passes", 1))):
+        for c, cfg in reversed(list(zip(job["configs"], built))):
+            for v in c["variants"]:
+                emit({**cfg.measure(v, job, int(v.get("seed", 0)) + 1_000_003 * p), "pass": p})
 
 
 if __name__ == "__main__":
