@@ -20,5 +20,7 @@ setup(
         "jsonschema==4.23.0",
         "Jinja2==3.1.4",
     ],
+    # s3:// (and az://) run directories: TensorFlow has no S3 filesystem built in since 2.6.
+    extras_require={"s3": ["tensorflow-io==0.37.1"]},
     entry_points={"console_scripts": ["gmeta=gmeta_tf.cli.main:cli"]},
 )

@@ -1,5 +1,6 @@
 """Column-split tables: exactly the whole table's lookups and gradients, trained and checkpointed."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,7 +107,7 @@ def test_split_tables_train_and_checkpoint_every_block_and_slot(tmp_path):
     assert all(v > 0 for v in sizes.values()), sizes
     assert sizes["item.c0of2"] == sizes["item.c1of2"]
     path = ckpt.save(3)
-    rows = json.loads((path / "meta.json").read_text())["rows"]
+    rows = json.loads(Path(path, "meta.json").read_text())["rows"]
     for block in ("item.c0of2", "item.c1of2", "tags.c3of4"):
         assert rows[block] == sizes[block] and rows[f"{block}.m"] == sizes[block] and rows[f"{block}.v"] == sizes[block]
 
@@ -123,3 +124,52 @@ def test_split_tables_train_and_checkpoint_every_block_and_slot(tmp_path):
 def test_dim_not_divisible_is_a_clear_error():
     with pytest.raises(UserError, match="'item' has dim 8, which cannot be cut into 3"):
         DLRM(MODEL, tiny_schema("click"), placement={"item": ColumnSplit([[0], [1], [0]])})
+
+
+def test_restore_re_cuts_tables_saved_under_another_split(tmp_path):
+    """Whole <-> blocks, and 2 -> 4 blocks: a re-planned run and evaluation read the checkpoint."""
+    schema = tiny_schema("click")
+    batches = [random_batch(schema, T=4, seed=s) for s in range(2)]
+
+    def setup(placement):
+        model = DLRM(MODEL, schema, placement=placement)
+        dense_opt, emb_opt = make_optimizers(TrainConfig())
+        step = TrainStep(model, MetaConfig(algo="fomaml"), dense_opt, emb_opt, LocalSync())
+        return model, step, emb_opt, CheckpointManager(tmp_path / "ck", model, dense_opt, emb_opt)
+
+    model, step, _, ckpt = setup(SPLIT)
+    for b in batches:
+        step.step(b)
+    ckpt.save(2)
+    ids = [batches[0]["support"]["cat"]["item"], batches[1]["query"]["multi"]["tags"]]
+
+    def rows(m, name):
+        t = m.tables[m.table_names.index(name)]
+        x = t.lookup_unique([i for i in ids], trainable=False)
+        return tf.gather(x.rows, x.index).numpy()
+
+    for placement in (None, {"item": ColumnSplit([[0], [1], [0], [1]]), "tags": ColumnSplit([[0], [1]])}):
+        other, _, emb_opt, ck = setup(placement)
+        assert ck.restore() == 2
+        counters = {k: int(v.numpy()) for k, v in emb_opt.iterations().items()}
+        assert set(counters.values()) == {2}, counters  # Adam's step count, every block included
+        for name in ("item", "tags", "city"):
+            np.testing.assert_array_equal(rows(other, name), rows(model, name))
+            assert np.abs(rows(other, name)).sum() > 0
+        if placement is None:  # Adam's moments were joined too
+            whole = other.tables[other.table_names.index("item")]
+            m_slot = whole.slot_variables(emb_opt.for_shadow(whole.shadow))[0]
+            k, v = m_slot.export()
+            keys, vals = k.numpy(), v.numpy()
+            blocks = model.tables[model.table_names.index("item")].parts
+            for i, b in enumerate(blocks):
+                bk, bv = b.slot_variables(step.emb_opt.for_shadow(b.shadow))[0].export()
+                o1, o2 = np.argsort(keys), np.argsort(bk.numpy())
+                np.testing.assert_array_equal(vals[o1][:, i * 4:(i + 1) * 4], bv.numpy()[o2])
+
+
+def test_placement_naming_an_unknown_table_is_refused():
+    from gmeta_tf.errors import ClusterError
+
+    with pytest.raises(ClusterError, match=r"names table\(s\) \['itme'\] that the data does not have"):
+        DLRM(MODEL, tiny_schema("click"), placement={"itme": [0]})

@@ -54,18 +54,13 @@ def _auc(run_dir):
     return evaluate(model, cfg, cfg.meta.algo)["auc"]
 
 
-def test_rendered_tfjob_trains_like_launch_local(data_dir, tmp_path):
-    cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", f"train.steps={STEPS}",
-                                                  "data.tasks_per_batch=16", "train.log_every=50"])
-    configmap, tfjob = render_manifests(cfg, image="gmeta-tf:test", workers=2, ps=2, gpus_per_worker=0,
-                                        name="emu", checkpoint_pvc="ckpt", data=str(data_dir))
-    validate_tfjob(tfjob)
-    conf_dir, ckpt_dir = tmp_path / "etc-gmeta", tmp_path / "ckpt"
-    conf_dir.mkdir()
-    ckpt_dir.mkdir()
+def _run_tfjob(configmap, tfjob, tmp_path, mounts):
+    """Start every replica of ``tfjob`` as a local process, as the operator would; wait for the
+    workers. Returns their exit codes and every pod's log lines."""
+    conf_dir = Path(mounts["/etc/gmeta"])
+    conf_dir.mkdir(parents=True, exist_ok=True)
     for key, text in configmap["data"].items():
         (conf_dir / key).write_text(text)
-    mounts = {"/etc/gmeta": str(conf_dir), "/ckpt": str(ckpt_dir)}
 
     n_ps, ps_container = _container(tfjob, "PS")
     n_workers, worker_container = _container(tfjob, "Worker")
@@ -96,6 +91,18 @@ def test_rendered_tfjob_trains_like_launch_local(data_dir, tmp_path):
         lines = "\n".join(line for p in pods for line in p.lines)
     finally:
         cluster.teardown()
+    return codes, lines
+
+
+def test_rendered_tfjob_trains_like_launch_local(data_dir, tmp_path):
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", f"train.steps={STEPS}",
+                                                  "data.tasks_per_batch=16", "train.log_every=50"])
+    configmap, tfjob = render_manifests(cfg, image="gmeta-tf:test", workers=2, ps=2, gpus_per_worker=0,
+                                        name="emu", checkpoint_pvc="ckpt", data=str(data_dir))
+    validate_tfjob(tfjob)
+    conf_dir, ckpt_dir = tmp_path / "etc-gmeta", tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    codes, lines = _run_tfjob(configmap, tfjob, tmp_path, {"/etc/gmeta": str(conf_dir), "/ckpt": str(ckpt_dir)})
     assert codes == [0, 0], lines[-4000:]
     (run_dir,) = [p for p in ckpt_dir.iterdir() if p.is_dir()]
     ranks = rank_summaries(run_dir)
@@ -106,6 +113,39 @@ def test_rendered_tfjob_trains_like_launch_local(data_dir, tmp_path):
                    "--out", str(local), "--timeout", "500"], timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
     assert abs(_auc(run_dir) - _auc(local)) <= AUC_TOLERANCE
+
+
+def test_rendered_tfjob_with_checkpoint_uri_writes_and_resumes_there(data_dir, tmp_path):
+    """``--checkpoint-uri``: no volume in the manifest; the URI reaches every pod as ``--out``
+    and the run directory (config, checkpoints with the PS tables, summaries) is written through
+    ``gmeta_tf.storage``. A ``file://`` URI stands in for the bucket here (the object-store commit
+    itself is tested in-process on ``ram://``: tests/test_checkpoint.py, test_train_eval.py).
+    A second start of the same job -- a restarted pod set -- resumes from the URI."""
+    from gmeta_tf import storage
+
+    uri = f"file://{tmp_path}/bucket/runs/emu-uri"
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.steps=40",
+                                                  "train.checkpoint_every=20", "data.tasks_per_batch=8",
+                                                  "train.log_every=20"])
+    configmap, tfjob = render_manifests(cfg, image="gmeta-tf:test", workers=2, ps=1, gpus_per_worker=0,
+                                        name="emu-uri", checkpoint_uri=uri, data=str(data_dir))
+    validate_tfjob(tfjob)
+    for replica in ("PS", "Worker"):
+        pod = tfjob["spec"]["tfReplicaSpecs"][replica]["template"]["spec"]
+        assert not any("persistentVolumeClaim" in v for v in pod.get("volumes", []))
+    mounts = {"/etc/gmeta": str(tmp_path / "etc-gmeta")}
+    codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts)
+    assert codes == [0, 0], lines[-4000:]
+    assert storage.listdir(storage.join(uri, "checkpoints")) == ["ckpt-00000020", "ckpt-00000040", "latest"]
+    ranks = rank_summaries(Path(storage.local_path(uri)))
+    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"] and ranks[0]["steps"] == 40
+    _, model, _ = load_trained(uri)
+    assert all(t.size() > 0 for t in model.tables)  # the PS tables were exported into the bucket
+
+    codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts)
+    assert codes == [0, 0], lines[-4000:]
+    assert "resumed from" in lines and "at step 40" in lines
+    assert rank_summaries(Path(storage.local_path(uri)))[0]["start_step"] == 40
 
 
 def test_entrypoint_rejects_missing_or_bad_tf_config(tmp_path):

@@ -15,7 +15,7 @@ def train_options(f=None, *, with_ps: bool = True):
     f = click.option("--algo", type=click.Choice(["maml", "fomaml", "erm"]), default=None,
                      help="Sets meta.algo.")(f)
     f = click.option("--out", "run_dir", default="runs/default", show_default=True,
-                     help="Run directory: checkpoints, TensorBoard, config.yaml.")(f)
+                     help="Run directory: checkpoints, TensorBoard, config.yaml. A path or a URI (gs://, s3://).")(f)
     f = click.option("--data", default=None, help="Prepared data directory (sets data.path).")(f)
     f = click.option("--resume/--no-resume", default=True, show_default=True,
                      help="Continue from the run directory's latest checkpoint, if any.")(f)

@@ -104,11 +104,9 @@ def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()
     source = None
     if path is not None:
         source = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {source} does not exist")
+        text = _read_config_text(source)
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {source} is not valid YAML: {e}") from None
     overrides = list(overrides)
@@ -116,9 +114,25 @@ def load_config(path: Optional[str | Path] = None, overrides: Iterable[str] = ()
     return config_from_dict(merged, source + (" + --set" if overrides else "") if source else None)
 
 
+def _read_config_text(source: str) -> str:
+    """A local file, or (for a run directory in a bucket) any URI ``gmeta_tf.storage`` reaches."""
+    if "://" in source:
+        from gmeta_tf import storage
+
+        if not storage.exists(source):
+            raise ConfigError(f"config file {source} does not exist")
+        return storage.read_text(source)
+    p = Path(source)
+    if not p.is_file():
+        raise ConfigError(f"config file {source} does not exist")
+    return p.read_text()
+
+
 def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
 
 
 def dump_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    from gmeta_tf import storage
+
+    storage.write_text(str(path), yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

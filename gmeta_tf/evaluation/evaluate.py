@@ -93,9 +93,9 @@ def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None) -
     return result
 
 
-def write_eval(run_dir: str | Path, result: Dict) -> Path:
-    path = Path(run_dir) / "eval.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+def write_eval(run_dir: str | Path, result: Dict) -> str:
+    from gmeta_tf import storage
+
+    path = storage.join(str(run_dir), "eval.json")
+    storage.write_text(path, json.dumps(result, indent=1))
     return path

@@ -13,15 +13,20 @@ ids in first-occurrence order, so every block's ``index`` is the same and the re
 exactly the d-dim table's lookup; gradients flow back to each block's slice.
 
 Blocks are named ``<table>.c<i>of<n>``: valid in TFRA variable and shared resource names and
-in checkpoint file names, and a checkpoint of a differently split table does not match.
+in checkpoint file names. A checkpoint written under another split of a table (or whole)
+is re-cut on restore (``load_resplit``), so a run can be re-planned between restarts and
+evaluation (whole local tables) reads a column-split run.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+import re
+from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
-from gmeta_tf.errors import UserError
+from gmeta_tf import storage
+from gmeta_tf.errors import CheckpointError, UserError
 from gmeta_tf.model.tables import EmbeddingTable, UniqueLookup, table_devices
 
 
@@ -58,3 +63,90 @@ def storage_tables(tables) -> List[EmbeddingTable]:
     for t in tables:
         out.extend(t.parts if isinstance(t, ColumnSplitTable) else [t])
     return out
+
+
+_BLOCK = re.compile(r"^\.c(\d+)of(\d+)")
+
+
+def parse_saved_key(key: str, tables: Sequence[str]) -> Optional[Tuple[str, Optional[Tuple[int, int]], str]]:
+    """``item.c1of2.m`` -> ``("item", (1, 2), ".m")``; ``item.v`` -> ``("item", None, ".v")``."""
+    for t in sorted(tables, key=len, reverse=True):
+        if key == t or key.startswith(t + "."):
+            rest = key[len(t):]
+            m = _BLOCK.match(rest)
+            block = (int(m.group(1)), int(m.group(2))) if m else None
+            rest = rest[m.end():] if m else rest
+            if rest == "" or re.fullmatch(r"\.[^.]+", rest):
+                return t, block, rest
+    return None
+
+
+def _load(f: str) -> Tuple[np.ndarray, np.ndarray]:
+    data = storage.load_npz(f)
+    return data["keys"], data["values"]
+
+
+def _whole_from_blocks(tables_dir: str, table: str, slot: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    pat = re.compile(rf"^{re.escape(table)}\.c(\d+)of(\d+){re.escape(slot)}\.npz$")
+    found = {}
+    for name in storage.listdir(tables_dir):
+        m = pat.match(name)
+        if m:
+            found.setdefault(int(m.group(2)), {})[int(m.group(1))] = storage.join(tables_dir, name)
+    for n, blocks in sorted(found.items()):
+        if sorted(blocks) != list(range(n)):
+            continue
+        keys0, vals0 = _load(blocks[0])
+        order = np.argsort(keys0)
+        keys, parts = keys0[order], [vals0[order]]
+        for i in range(1, n):
+            k, v = _load(blocks[i])
+            o = np.argsort(k)
+            if not np.array_equal(k[o], keys):
+                raise CheckpointError(f"{blocks[i]}: its ids differ from {storage.basename(blocks[0])}'s; the column blocks "
+                                      f"of table {table!r} cannot be joined")
+            parts.append(v[o])
+        return keys, np.concatenate(parts, axis=1)
+    return None
+
+
+def load_resplit(tables_dir: str, key: str, tables: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """Rows for ``key`` from a checkpoint saved with another column split of the same table.
+
+    Lets a run be re-planned between restarts (whole <-> column blocks, or n -> m blocks) and
+    lets evaluation, which always builds whole local tables, read a column-split run.
+    ``None`` when the checkpoint holds the table in no usable form.
+    """
+    parsed = parse_saved_key(key, tables)
+    if parsed is None:
+        return None
+    table, block, slot = parsed
+    whole = storage.join(tables_dir, f"{table}{slot}.npz")
+    full = _load(whole) if storage.exists(whole) else _whole_from_blocks(tables_dir, table, slot)
+    if full is None or block is None:
+        return full
+    keys, values = full
+    i, n = block
+    if values.shape[1] % n:
+        return None
+    w = values.shape[1] // n
+    return keys, np.ascontiguousarray(values[:, i * w:(i + 1) * w])
+
+
+def table_iterations(model, emb_opt) -> dict:
+    """Optimizer step counters to checkpoint, one per *model* table (a split table's first block's).
+
+    Every block of a table is updated once per step, so its blocks' counters are equal; keying
+    the checkpoint by table keeps it readable under another split (``sync_block_iterations``
+    copies the counter to the other blocks after a restore).
+    """
+    by_storage = emb_opt.iterations()
+    return {t.name: by_storage[t.parts[0].name if isinstance(t, ColumnSplitTable) else t.name] for t in model.tables}
+
+
+def sync_block_iterations(model, emb_opt) -> None:
+    by_storage = emb_opt.iterations()
+    for t in model.tables:
+        if isinstance(t, ColumnSplitTable):
+            for p in t.parts[1:]:
+                by_storage[p.name].assign(by_storage[t.parts[0].name])

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
+from gmeta_tf.errors import ClusterError
 from gmeta_tf.model.column_split import ColumnSplitTable, storage_tables
 from gmeta_tf.model.dense_tower import DenseTower
 from gmeta_tf.model.tables import EmbeddingTable, local_namespace, table_devices
@@ -29,6 +30,10 @@ class DLRM:
         self.n_dense = len(schema["dense"])
         self.namespace = namespace or local_namespace()
         placement = placement or {}
+        unknown = sorted(set(placement) - set(self.table_names))
+        if unknown:  # a typo would otherwise silently leave the table row-sharded over every PS
+            raise ClusterError(f"cluster.placement names table(s) {unknown} that the data does not have "
+                               f"(tables: {', '.join(self.table_names)})")
         self.tables: List[EmbeddingTable | ColumnSplitTable] = []
         rows = {c["name"]: int(c.get("cardinality", 0)) for c in schema["categorical"] + schema["multi_hot"]}
         for i, name in enumerate(self.table_names):

@@ -1,7 +1,7 @@
 """``make_plan``: the one entry point for the CLI, the benchmark suite and the tests.
 
 ``algo="planner"`` runs every baseline, seeds the local search with the best few by predicted
-cost, and returns the best placement found (``search.py``); a baseline name returns that
+cost plus split-first greedy seeds (``search.split_seed``, ``search.repair_seed``), and returns the best placement found (``search.py``); a baseline name returns that
 baseline's placement, scored by the same cost model, so every algorithm goes through one code
 path and one result type (``Plan``).
 """
@@ -14,7 +14,7 @@ from gmeta_tf.plan.assignment import Evaluator, Plan, Registry, State, to_plan
 from gmeta_tf.plan.baselines import BASELINES, PACK, greedy
 from gmeta_tf.plan.cost_model import load_cost_model
 from gmeta_tf.plan.enumerate import Layout, shards_of
-from gmeta_tf.plan.search import search
+from gmeta_tf.plan.search import repair_seed, search, split_seed
 from gmeta_tf.plan.spec import TableStats
 
 ALGOS = ["planner", *BASELINES]
@@ -91,7 +91,12 @@ def make_plan(tables: List[TableStats], ps: int, mem_per_ps: int, algo: str = "p
         st.rescore(ev)
         seeds.append(st)
     seeds.sort(key=lambda s: s.key())
-    best = search(seeds[:N_SEEDS], mem_per_ps, ev, seed=seed)
+    seeds = seeds[:N_SEEDS]
+    if ps > 1:  # seeds that split the tables dominating a PS (local search alone rarely does)
+        extra = [split_seed(tables, ps, mem_per_ps, optimizer_slots, ev, reg)]
+        extra += [repair_seed(s, mem_per_ps, ev) for s in seeds]
+        seeds += [s for s in extra if s is not None]
+    best = search(seeds, mem_per_ps, ev, seed=seed)
     plan = to_plan(best, "planner", mem_per_ps, samples_per_step)
     plan.baselines = scores
     return plan

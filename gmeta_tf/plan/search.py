@@ -7,7 +7,9 @@ column-wise (halves), add or drop one row shard, or merge a split table back ont
 Descent: for the PS in order of predicted cost (slowest first), score every move that takes
 something off that PS and apply the best one that improves the objective
 (``assignment.objective``: max cost, then sum); stop when no move improves. Then a bounded
-number of *kicks* (a few random feasible moves, then descent again), keeping the best state.
+number of *kicks*, keeping the best state: alternately split the tables that dominate a PS
+and rebalance around them (steps descent never takes on its own, see ``_split_kick``) or make
+a few random feasible moves, then descend again.
 Every move is checked against the per-PS memory limit (optimizer slots included), and the
 search starts from the best baseline and only ever accepts improvements, so the result is
 never worse than that baseline. All randomness comes from ``seed``; no wall-clock budget, so
@@ -16,12 +18,13 @@ the same inputs give the same plan on any machine.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from gmeta_tf.plan.assignment import Evaluator, Key, State, objective
-from gmeta_tf.plan.enumerate import WHOLE, Layout, candidate_layouts
+from gmeta_tf.plan.enumerate import WHOLE, Layout, candidate_layouts, smallest_fitting_row_split
+from gmeta_tf.plan.spec import TableStats
 
 Change = Tuple[str, Layout, Tuple[int, ...]]
 Move = Tuple[Change, ...]
@@ -72,8 +75,8 @@ def _commit(st: State, move: Move, new) -> None:
         st.sets[p], st.mem[p], st.costs[p] = s, mem, cost
 
 
-def _moves_from(st: State, sp: _Space, p: int) -> List[Move]:
-    """Every move that takes (part of) something off PS ``p``."""
+def _moves_from(st: State, sp: _Space, p: int, frozen: frozenset = frozenset()) -> List[Move]:
+    """Every move that takes (part of) something off PS ``p``; ``frozen`` tables keep their layout."""
     ps = sp.ps
     order = sorted(range(ps), key=lambda q: (st.costs[q], q))  # cheapest PS first
     shard = sp.reg.shard
@@ -86,7 +89,9 @@ def _moves_from(st: State, sp: _Space, p: int) -> List[Move]:
         others = [q for q in range(ps) if q not in where]
         for q in others:
             moves.append(((n, lay, where[:i] + (q,) + where[i + 1:]),))
-        if lay.kind == "table":
+        if n in frozen:
+            pass
+        elif lay.kind == "table":
             col = Layout("column", 2)
             if col in allowed:
                 moves += [((n, col, (p, q)),) for q in others]
@@ -164,14 +169,14 @@ def _score(st: State, sp: _Space, moves: List[Move], top_k: int):
     return min(scored, key=lambda x: x[0])
 
 
-def descend(st: State, sp: _Space, top_k: int, max_steps: int = 10_000) -> State:
+def descend(st: State, sp: _Space, top_k: int, max_steps: int = 10_000, frozen: frozenset = frozenset()) -> State:
     for _ in range(max_steps):
         cur = st.key()
         improved = False
         for p in sorted(range(sp.ps), key=lambda q: (-st.costs[q], q)):
             if not st.sets[p]:
                 continue
-            best = _score(st, sp, _moves_from(st, sp, p), top_k)
+            best = _score(st, sp, _moves_from(st, sp, p, frozen), top_k)
             if best is not None and best[0] < cur:
                 _commit(st, best[1], best[2])
                 improved = True
@@ -195,6 +200,154 @@ def _kick(st: State, sp: _Space, rng: np.random.Generator, n_moves: int) -> None
                 break
 
 
+def _split_kick(st: State, sp: _Space) -> frozenset:
+    """Split every whole table that costs more than half a PS's fair share; return their names.
+
+    Each goes to column halves (or 2 row shards), the second shard on the cheapest PS with
+    room. Descent never takes this step by itself when such tables dominate: each half it sends
+    away makes the receiving PS the slowest, and merging it back is the best single move. The
+    caller therefore rebalances with these tables' layouts frozen before a free descent.
+    """
+    fair_half = sum(st.costs) / sp.ps / 2
+    split, used = [], set()  # a PS takes at most one new half, or halves pile up again
+    names = sorted((n for n, lay in st.layout.items() if lay.kind == "table"),
+                   key=lambda n: (-sp.solo_cost(sp.reg.ids(n, WHOLE)[0]), n))
+    for n in names:
+        if sp.solo_cost(sp.reg.ids(n, WHOLE)[0]) <= fair_half:
+            break
+        p = st.where[n][0]
+        done = False
+        for lay in (Layout("column", 2), Layout("row", 2)):
+            if lay not in sp.allowed[n] or done:
+                continue
+            for q in sorted(range(sp.ps), key=lambda q: (q in used, st.costs[q], q)):
+                d = _delta(st, sp, ((n, lay, (p, q)),)) if q != p else None
+                if d is not None:
+                    (_, mv, new), = _exact(st, sp, [(((n, lay, (p, q)),), d)])
+                    _commit(st, mv, new)
+                    split.append(n)
+                    used.update((p, q))
+                    done = True
+                    break
+    return frozenset(split)
+
+
+def split_seed(tables: Sequence[TableStats], ps: int, mem_per_ps: int, slots: int, ev: Evaluator,
+               reg) -> Optional[State]:
+    """LPT with splitting: a seed the greedy baselines never produce.
+
+    A table that alone costs more than half a PS's fair share (total cost / M) is cut into the
+    fewest shards (column halves or k row shards) that each cost at most that much; then every
+    shard, dearest first, goes to the PS with the least summed cost that has memory room and no
+    other shard of its table. Local search cannot reach this from a baseline when one hot table
+    dominates: splitting it first makes some other PS the slowest, so the descent never takes
+    that step. ``None`` if memory is too tight for this greedy.
+    """
+    def solo(ids):
+        return ev.costs(reg, [frozenset([i]) for i in ids])
+
+    whole = {t.name: solo(reg.ids(t.name, WHOLE))[0] for t in tables}
+    half_share = sum(whole.values()) / ps / 2
+    items = []  # (cost, table, layout, shard position)
+    layouts = {}
+    for t in tables:
+        lays = candidate_layouts(t, ps, mem_per_ps, slots)
+        lay = smallest_fitting_row_split(t, ps, mem_per_ps, slots) or lays[0]  # as the baselines do
+        if whole[t.name] > half_share:
+            split = sorted((x for x in lays if x.parts > 1), key=lambda x: x.parts)
+            scored = [(max(solo(reg.ids(t.name, x))), x) for x in split]
+            ok = [x for c, x in scored if c <= half_share]
+            lay = ok[0] if ok else min(scored, key=lambda cx: (cx[0], cx[1].parts))[1] if scored else lay
+        layouts[t.name] = lay
+        for i, c in enumerate(solo(reg.ids(t.name, lay))):
+            items.append((c, t.name, i))
+    def nbytes(name, i):
+        return reg.nbytes[reg.ids(name, layouts[name])[i]]
+
+    # dearest first (LPT); if memory is too tight for that, biggest first with the big ones
+    # packed best-fit (each on the fullest PS that still has room), the rest still by cost
+    dearest = sorted(items, key=lambda x: (-x[0], x[1], x[2]))
+    biggest = sorted(items, key=lambda x: (-nbytes(x[1], x[2]), -x[0], x[1], x[2]))
+    for order, big in ((dearest, None), (biggest, mem_per_ps // 20)):
+        where = _lpt(order, layouts, ps, mem_per_ps, nbytes, big)
+        if where is not None:
+            st = State.empty(tables, ps, slots, reg)
+            for name, lay in layouts.items():
+                st.place(name, lay, where[name])
+            st.rescore(ev)
+            return st
+    return None
+
+
+def repair_seed(base: State, mem_per_ps: int, ev: Evaluator, light_frac: float = 0.05) -> Optional[State]:
+    """``base`` with its memory-light tables re-placed by LPT, dominant ones split first.
+
+    Under tight memory the big tables decide what fits where and the baselines place them
+    feasibly, while the hot tables that decide the cost are often small. So keep the big
+    tables where ``base`` put them, take every table of at most ``light_frac`` of a PS's memory
+    out, split those that cost more than half a PS's fair share, and put their shards back
+    dearest first onto the PS with the lowest cost (memory and one-shard-per-PS permitting).
+    """
+    reg, ps, slots = base.reg, base.ps, base.slots
+    light = [n for n, t in base.tables.items() if t.bytes(slots) <= light_frac * mem_per_ps]
+    if not light:
+        return None
+    st = State.empty(base.tables.values(), ps, slots, reg)
+    for n in base.tables:
+        if n not in light:
+            st.place(n, base.layout[n], base.where[n])
+    st.rescore(ev)
+
+    def solo(ids):
+        return ev.costs(reg, [frozenset([i]) for i in ids])
+
+    fair_half = sum(base.costs) / ps / 2
+    items, layouts = [], {}
+    for n in light:
+        t = base.tables[n]
+        lay = WHOLE
+        if solo(reg.ids(n, WHOLE))[0] > fair_half:  # the fewest parts that get under it, else the cheapest
+            scored = [(max(solo(reg.ids(n, x))), x.parts, x) for x in candidate_layouts(t, ps, mem_per_ps, slots)]
+            under = [x for c, _, x in sorted(scored, key=lambda y: y[1]) if c <= fair_half]
+            lay = under[0] if under else min(scored, key=lambda y: (y[0], y[1]))[2]
+        layouts[n] = lay
+        items += [(c, n, i) for i, c in enumerate(solo(reg.ids(n, lay)))]
+    load, mem = list(st.costs), list(st.mem)
+    where = {n: [None] * lay.parts for n, lay in layouts.items()}
+    for c, n, i in sorted(items, key=lambda x: (-x[0], x[1], x[2])):
+        need = reg.nbytes[reg.ids(n, layouts[n])[i]]
+        room = [p for p in range(ps) if mem[p] + need <= mem_per_ps and p not in where[n]]
+        if not room:
+            return None
+        p = min(room, key=lambda q: (load[q], q))
+        where[n][i] = p
+        load[p] += c
+        mem[p] += need
+    for n, lay in layouts.items():
+        st.place(n, lay, where[n])
+    st.rescore(ev)
+    return st
+
+
+def _lpt(items, layouts, ps: int, mem_per_ps: int, nbytes, big: Optional[int]):
+    """Each item on the least-loaded PS with room (items of ``big`` bytes or more: best fit)."""
+    load, mem = [0.0] * ps, [0] * ps
+    where = {n: [None] * lay.parts for n, lay in layouts.items()}
+    for c, name, i in items:
+        need = nbytes(name, i)
+        room = [p for p in range(ps) if mem[p] + need <= mem_per_ps and p not in where[name]]
+        if not room:
+            return None
+        if big is not None and need >= big:
+            p = min(room, key=lambda q: (mem_per_ps - mem[q] - need, q))
+        else:
+            p = min(room, key=lambda q: (load[q], q))
+        where[name][i] = p
+        load[p] += c
+        mem[p] += need
+    return where
+
+
 def search(seeds: Sequence[State], mem_per_ps: int, ev: Evaluator, seed: int = 0, kicks: int = 8,
            kick_moves: int = 3, top_k: int = 48) -> State:
     """Best state reachable from ``seeds`` (each already scored); never worse than the best seed."""
@@ -210,9 +363,13 @@ def search(seeds: Sequence[State], mem_per_ps: int, ev: Evaluator, seed: int = 0
             best, best_key = cur, cur.key()
     if sp.ps < 2:
         return best
-    for _ in range(kicks):
+    for r in range(kicks):
         cur = best.copy()
-        _kick(cur, sp, rng, kick_moves)
+        frozen = _split_kick(cur, sp) if r % 2 == 0 else frozenset()
+        if frozen:  # rebalance around the split tables first, then descend freely
+            cur = descend(cur, sp, top_k, frozen=frozen)
+        else:
+            _kick(cur, sp, rng, kick_moves)
         cur = descend(cur, sp, top_k)
         if cur.key() < best_key:
             best, best_key = cur, cur.key()

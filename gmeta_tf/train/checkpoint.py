@@ -1,9 +1,17 @@
 """Atomic checkpoints of dense weights, optimizer state and TFRA tables (with their slots).
 
-A checkpoint is a directory ``ckpt-<step>`` that is complete or absent: it is written under
-``ckpt-<step>.tmp-<pid>`` and renamed into place only after every file (and ``meta.json``,
-last) is on disk; ``latest`` is then replaced atomically. A crash mid-write leaves a ``.tmp-``
-directory that ``restore`` never looks at and the next save removes.
+A checkpoint is a directory ``ckpt-<step>`` holding ``dense.*`` (tf.train.Checkpoint), one
+``tables/<name>.npz`` per table and slot table, and ``meta.json``. It counts as complete only
+once ``meta.json`` exists, and ``meta.json`` is always written last; ``latest`` names the
+newest complete one. How "written last" is made safe depends on the storage (``gmeta_tf.storage``):
+
+* **local disk / PVC**: everything is written under ``ckpt-<step>.tmp-<pid>`` and renamed into
+  place (atomic), then ``latest`` is replaced with ``os.replace``. A crash leaves only a
+  ``.tmp-`` directory that nothing reads and the next save removes.
+* **object store** (``gs://``, ``s3://``, ...): rename is a copy there, so files are uploaded
+  straight into ``ckpt-<step>/`` and ``meta.json`` -- one object, visible all at once -- is the
+  commit. A crash leaves a prefix without ``meta.json``, which ``latest``/``restore`` ignore
+  and the next save removes; ``latest`` is a single small object written after the commit.
 
 Tables are exported row by row (``de.Variable.export``) rather than through TF's saveables, so
 the same code saves local tables and tables sharded over parameter servers (rank 0 pulls the
@@ -14,16 +22,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import numpy as np
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
+from gmeta_tf import storage as store
 from gmeta_tf.errors import CheckpointError
+from gmeta_tf.model.column_split import load_resplit, sync_block_iterations, table_iterations
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.tables import export_variable, import_variable
 
@@ -37,7 +45,8 @@ def _slot_key(table_name: str, slot_var) -> str:
 
 class CheckpointManager:
     def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3):
-        self.dir = Path(directory)
+        self.dir = str(directory)
+        store.import_filesystem_plugins(self.dir)
         self.model = model
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
@@ -50,19 +59,27 @@ class CheckpointManager:
             step=self.step,
             dense={k.replace("/", "."): v for k, v in model.dense_variables.items()},
             dense_optimizer=dense_opt,
-            embedding_optimizer_iterations=emb_opt.iterations(),
+            embedding_optimizer_iterations=table_iterations(model, emb_opt),
         )
 
     # -- listing ------------------------------------------------------------------------------
-    def latest(self) -> Optional[Path]:
-        pointer = self.dir / LATEST
-        if not pointer.is_file():
-            return None
-        path = self.dir / pointer.read_text().strip()
-        return path if (path / "meta.json").is_file() else None
+    def _complete(self, name: str) -> bool:
+        return ".tmp-" not in name and store.exists(store.join(self.dir, name, "meta.json"))
 
-    def all_checkpoints(self) -> List[Path]:
-        return sorted(p for p in self.dir.glob("ckpt-*") if ".tmp-" not in p.name and (p / "meta.json").is_file())
+    def all_checkpoints(self) -> List[str]:
+        names = [n for n in store.listdir(self.dir) if n.startswith("ckpt-")]
+        return [store.join(self.dir, n) for n in sorted(names) if self._complete(n)]
+
+    def latest(self) -> Optional[str]:
+        """The checkpoint ``latest`` names if it is complete, else the newest complete one
+        (``latest`` is written after the commit, so a crash between the two loses nothing)."""
+        pointer = store.join(self.dir, LATEST)
+        if store.exists(pointer):
+            name = store.read_text(pointer).strip()
+            if name and self._complete(name):
+                return store.join(self.dir, name)
+        done = self.all_checkpoints()
+        return done[-1] if done else None
 
     # -- save ---------------------------------------------------------------------------------
     def tables_to_save(self) -> Dict[str, object]:
@@ -73,59 +90,71 @@ class CheckpointManager:
                 out[_slot_key(table.name, slot)] = slot
         return out
 
-    def save(self, step: int, extra: Optional[dict] = None) -> Path:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in self.dir.glob("ckpt-*.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+    def save(self, step: int, extra: Optional[dict] = None) -> str:
+        local = store.is_local(self.dir)
+        store.makedirs(self.dir)
         name = f"ckpt-{step:08d}"
-        final = self.dir / name
-        tmp = self.dir / f"{name}.tmp-{os.getpid()}"
-        tmp.mkdir()
+        final = store.join(self.dir, name)
+        for entry in store.listdir(self.dir):  # what earlier crashed saves left behind
+            if entry.startswith("ckpt-") and (".tmp-" in entry or not self._complete(entry)):
+                store.rmtree(store.join(self.dir, entry))
+        target = store.join(self.dir, f"{name}.tmp-{os.getpid()}") if local else final
+        if not local and store.exists(final):
+            # Re-saving a step: un-commit it first so a crash mid-upload can't mix two saves.
+            store.rmtree(store.join(final, "meta.json"))
+            store.rmtree(final)
         try:
+            store.makedirs(store.join(target, "tables"))
             self.step.assign(step)
-            self._tf_ckpt.write(str(tmp / "dense"))
-            (tmp / "tables").mkdir()
+            self._tf_ckpt.write(store.join(target, "dense"))
             rows = {}
             for key, var in self.tables_to_save().items():
                 keys, values = export_variable(var)
-                np.savez(tmp / "tables" / f"{key}.npz", keys=keys, values=values)
+                store.write_bytes(store.join(target, "tables", f"{key}.npz"),
+                                  store.npz_bytes(keys=keys, values=values))
                 rows[key] = int(len(keys))
             meta = {"step": step, "time": time.time(), "rows": rows, **(extra or {})}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            store.write_text(store.join(target, "meta.json"), json.dumps(meta, indent=1))  # the commit
+            if local:
+                final_os = store.local_path(final)
+                if os.path.exists(final_os):
+                    store.rmtree(final)
+                os.replace(store.local_path(target), final_os)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            store.rmtree(target)
             raise
-        pointer_tmp = self.dir / f"{LATEST}.tmp-{os.getpid()}"
-        pointer_tmp.write_text(name + "\n")
-        os.replace(pointer_tmp, self.dir / LATEST)
+        store.write_text(store.join(self.dir, LATEST), name + "\n")
         for old in self.all_checkpoints()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            store.rmtree(old)
         return final
 
     # -- restore ------------------------------------------------------------------------------
-    def restore(self, path: Optional[Path] = None) -> int:
+    def restore(self, path: Optional[str] = None) -> int:
         """Restore ``path`` (default: the latest). Returns its step; 0 if there is none."""
-        path = path or self.latest()
+        path = str(path) if path is not None else self.latest()
         if path is None:
             return 0
-        meta_file = path / "meta.json"
-        if not meta_file.is_file():
+        meta_file = store.join(path, "meta.json")
+        if not store.exists(meta_file):
             raise CheckpointError(f"checkpoint {path} is incomplete (no meta.json)")
-        meta = json.loads(meta_file.read_text())
+        meta = json.loads(store.read_text(meta_file))
         try:
-            self._tf_ckpt.read(str(path / "dense")).assert_existing_objects_matched()
+            self._tf_ckpt.read(store.join(path, "dense")).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise CheckpointError(
                 f"checkpoint {path} does not match this model's dense weights "
                 f"(was it written with another model config?): {str(e).splitlines()[0]}") from None
+        sync_block_iterations(self.model, self.emb_opt)
         for key, var in self.tables_to_save().items():
-            f = path / "tables" / f"{key}.npz"
-            if not f.is_file():
-                raise CheckpointError(f"checkpoint {path} has no table file {f.name}")
-            data = np.load(f)
+            f = store.join(path, "tables", f"{key}.npz")
+            if store.exists(f):
+                data = store.load_npz(f)
+                keys, values = data["keys"], data["values"]
+            else:  # saved under another column split of the table (plan changed, or evaluation)
+                got = load_resplit(store.join(path, "tables"), key, self.model.table_names)
+                if got is None:
+                    raise CheckpointError(f"checkpoint {path} has no table file {store.basename(f)}")
+                keys, values = got
             var.clear()
-            import_variable(var, data["keys"], data["values"])
+            import_variable(var, keys, values)
         return int(meta["step"])

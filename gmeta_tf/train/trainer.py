@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
+from gmeta_tf import storage
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
 from gmeta_tf.meta.meta_step import TrainStep
@@ -58,16 +59,16 @@ def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
                 placement=rt.placement, bp_v2=rt.bp_v2)
 
 
-def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: Path):
+def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
     model = build_model(cfg, schema, rt)
     dense_opt, emb_opt = make_optimizers(cfg.train, rt.size)
     step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync)  # creates the slot tables
-    ckpt = CheckpointManager(run_dir / "checkpoints", model, dense_opt, emb_opt,
+    ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt,
                              keep=cfg.train.keep_checkpoints)
     return model, dense_opt, emb_opt, step_fn, ckpt
 
 
-def build_serialized(cfg: Config, schema: dict, rt: Runtime, run_dir: Path):
+def build_serialized(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
     """Create the model's tables one rank at a time.
 
     Two workers creating the same TFRA table on a PS at the same instant crash the PS
@@ -113,14 +114,14 @@ def _wait_for_ps(model: DLRM, emb_opt) -> None:
 
 def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume: bool = True) -> dict:
     rt = rt or Runtime()
-    run_dir = Path(run_dir)
+    run_dir = str(run_dir)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
     model, dense_opt, emb_opt, step_fn, ckpt = build_serialized(cfg, schema, rt, run_dir)
     start = 0
     if rt.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / CONFIG_FILE)
+        storage.makedirs(run_dir)
+        dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
         # Rank 0 alone restores: with PS tables it refills them (every rank shares them).
         if resume:
             start = ckpt.restore()
@@ -131,7 +132,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
                                 + list(emb_opt.iterations().values()))
 
     history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
-    writer = tf.summary.create_file_writer(str(run_dir / "tb")) if rt.rank == 0 else None
+    writer = tf.summary.create_file_writer(storage.join(run_dir, "tb")) if rt.rank == 0 else None
     ds = make_dataset(cfg.data.path, "train", cfg.data, rank=rt.rank, size=rt.size, training=True)
     # The pipeline is deterministic (seeded shuffles, ordered interleave), so skipping the
     # batches already trained on makes a resumed run see exactly the data it would have seen.
@@ -195,11 +196,11 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         # where each TFRA table's rows are, by PS task (the placement check reads this)
         "table_rows_by_ps_task": rows_by_ps_task(model) if rt.rank == 0 and rt.ps_tasks else {},
     }
-    (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
-    (run_dir / "ranks" / f"rank{rt.rank}.json").write_text(json.dumps(
+    storage.makedirs(storage.join(run_dir, "ranks"))
+    storage.write_text(storage.join(run_dir, "ranks", f"rank{rt.rank}.json"), json.dumps(
         {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step")}, indent=1))
     if rt.rank == 0:
-        (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+        storage.write_text(storage.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
         if writer is not None:
             writer.flush()
     return summary
@@ -210,15 +211,15 @@ def load_trained(run_dir: str | Path, overrides=()) -> tuple[Config, DLRM, Check
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.errors import CheckpointError
 
-    run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).is_file():
+    run_dir = str(run_dir)
+    if not storage.exists(storage.join(run_dir, CONFIG_FILE)):
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); run 'gmeta train --out {run_dir}' first")
-    cfg = load_config(run_dir / CONFIG_FILE, overrides)
+    cfg = load_config(storage.join(run_dir, CONFIG_FILE), overrides)
     model = build_model(cfg, load_schema(cfg.data.path), Runtime())
     dense_opt, emb_opt = make_optimizers(cfg.train)
-    ckpt = CheckpointManager(run_dir / "checkpoints", model, dense_opt, emb_opt)
+    ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt)
     if ckpt.latest() is None:
-        raise CheckpointError(f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+        raise CheckpointError(f"{run_dir}: no complete checkpoint in {storage.join(run_dir, 'checkpoints')}")
     ckpt.restore()
     return cfg, model, ckpt
 
@@ -254,11 +255,11 @@ def dense_digest(model: DLRM) -> str:
     return h.hexdigest()
 
 
-def _previous_history(run_dir: Path) -> list:
-    f = run_dir / SUMMARY_FILE
-    if f.is_file():
+def _previous_history(run_dir: str) -> list:
+    f = storage.join(run_dir, SUMMARY_FILE)
+    if storage.exists(f):
         try:
-            return json.loads(f.read_text()).get("history", [])
+            return json.loads(storage.read_text(f)).get("history", [])
         except ValueError:
             return []
     return []
