@@ -5,6 +5,7 @@ import pytest
 
 from bench.sharding.run import BASELINES
 from bench.sharding.suite import OPTIMIZER_SLOTS, tasks
+from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.cost_model import load_cost_model
 
 
@@ -27,11 +28,17 @@ def test_planner_never_worse_than_the_best_baseline_on_predicted_cost():
     from gmeta_tf.plan.planner import make_plan
 
     model = load_cost_model(None)
+    infeasible = 0
     for task in tasks():
         costs = {}
         for algo in ("planner", *BASELINES):
-            plan = make_plan(list(task.tables), task.ps, task.mem_per_ps, algo=algo, cost_model=model,
-                             samples_per_step=task.samples_per_step, optimizer_slots=OPTIMIZER_SLOTS)
+            try:
+                plan = make_plan(list(task.tables), task.ps, task.mem_per_ps, algo=algo, cost_model=model,
+                                 samples_per_step=task.samples_per_step, optimizer_slots=OPTIMIZER_SLOTS)
+            except PlanError:
+                assert algo != "planner", task.name  # a greedy may fail a tight task; the planner may not
+                infeasible += 1
+                continue
             assert max(plan.memory) <= task.mem_per_ps, (task.name, algo)
             assert sorted(s.table for shards in plan.shards for s in shards if s.index == 0) == \
                 sorted(t.name for t in task.tables), (task.name, algo)
@@ -39,5 +46,6 @@ def test_planner_never_worse_than_the_best_baseline_on_predicted_cost():
             if algo == "planner":  # the reported cost is the cost model's, PS by PS
                 assert plan.max_cost == pytest.approx(
                     max(model.ps_cost(s, task.samples_per_step) for s in plan.shards), rel=1e-6)
-        best = min(costs[b] for b in BASELINES)
+        best = min(costs[b] for b in BASELINES if b in costs)
         assert costs["planner"] <= best * (1 + 1e-9), (task.name, costs)
+    assert infeasible <= 5  # tight tasks defeat a few greedy runs (random, mostly), not the suite
