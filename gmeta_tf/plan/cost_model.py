@@ -5,6 +5,9 @@ CONTRACT (shared by search, baselines, calibration and the bench suite)::
     model = load_cost_model(path_or_None)          # None -> the default shipped with the package
     ms = model.ps_cost(shards, samples_per_step)   # float, milliseconds per training step
 
+What a millisecond is: the CPU time the PS process spends on the step's lookups and updates of
+those shards, as ``gmeta plan calibrate`` measures it (``calibrate.COST``; see ``measure.py``).
+
 ``samples_per_step`` is how many samples' ids reach the PS tier per step (all workers together:
 workers x tasks_per_batch x (support + query)); each shard gets ``pooling x samples_per_step``
 lookups. An empty shard list costs 0.
@@ -21,7 +24,7 @@ on held-out table sets (grouped k-fold over calibration configs) and the lower e
   every feature (more tables never cost less).
 
 The model file is JSON: the measured table sets themselves (each shard's rows, dim, pooling,
-skew; the step's samples; the median ms) plus which regressor won. Loading recomputes the
+skew; the step's samples; the measured ms) plus which regressor won. Loading recomputes the
 features and refits (deterministic, well under a second), so no pickle ties the file to a
 scikit-learn version and a better feature set can reuse old measurements.
 Error reported: geometric mean over held-out sets of ``max(pred, meas) / min(pred, meas)``,
