@@ -1,5 +1,8 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
+``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
+``sharding``); the other sections' previous results stay in the JSON file.
+
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
 hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
 in one run: absolute numbers on a 2-core box are noise, ratios are what we track.
@@ -70,8 +73,14 @@ def bench_hot_split(results: Dict) -> None:
     results["hot_split"] = measure(WORK)
 
 
+def bench_sharding(results: Dict) -> None:
+    from bench.sharding.run import run
+
+    results["sharding"] = run()
+
+
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
-                                                "hot_split": bench_hot_split}
+                                                "sharding": bench_sharding, "hot_split": bench_hot_split}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -84,6 +93,12 @@ HEADLINES = [
     ("distributed.speedup_2w2ps_over_1proc", "2 workers + 2 PS / 1 process (tasks/s)", ""),
     ("distributed.speedup_2w1ps_over_1proc", "2 workers + 1 PS / 1 process (tasks/s)", ""),
     ("distributed.ps_time_share", "share of step time in PS round-trips (2w2ps)", ""),
+    ("sharding.cost_model_error", "PS cost model, held-out error (geo. mean)", "≤ 0.10"),
+    ("sharding.cost_model_error_bench", "PS cost model error on the bench's PS sets", ""),
+    ("sharding.improvement_predicted_mean", "planner vs best baseline, predicted, mean", ""),
+    ("sharding.improvement_predicted_max", "planner vs best baseline, predicted, max", ""),
+    ("sharding.improvement_measured_mean", "planner vs best baseline, measured, mean", "≥ 0.10"),
+    ("sharding.improvement_measured_max", "planner vs best baseline, measured, max", ""),
     ("hot_split.speedup_zipf_1_2", "hot/cold split on / off, Zipf 1.2 (best-window tasks/s, 2w2ps)", "≥ 1.5"),
     ("hot_split.speedup_mean_zipf_1_2", "… same, whole-run aggregate tasks/s", ""),
     ("hot_split.local_share_zipf_1_2", "lookups served by hot rows, Zipf 1.2", ""),
