@@ -6,24 +6,20 @@ live under it; the planning options are therefore checked here rather than by cl
 """
 from __future__ import annotations
 
-import re
-
 import click
 
 from gmeta_tf.cli.common import build_config, config_options, friendly_errors
 from gmeta_tf.cli.plan_calibrate_cmd import calibrate
+from gmeta_tf.config.schema import byte_size
 from gmeta_tf.errors import PlanError
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_size(text: str) -> int:
-    """``8GiB``, ``512MiB``, ``1.5GB``, ``1000000`` -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
+    """``8GiB``, ``512MiB``, ``1.5GB``, ``1000000`` -> bytes (``config.schema.byte_size``)."""
+    n = byte_size(text)
+    if n is None:
         raise ValueError(f"{text!r} is not a size (e.g. 8GiB, 512MiB, 2GB, 1000000)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return n
 
 
 class Size(click.ParamType):

@@ -200,20 +200,27 @@ class ClusterConfig:
             )
 
 
-_BYTE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
-               "kib": 1024, "mib": 1024**2, "gib": 1024**3}
+_BYTE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def byte_size(text: str) -> Optional[int]:
+    """``256MiB`` / ``1.5GB`` / ``1048576`` → bytes (binary and decimal units, case-insensitive);
+    ``None`` when ``text`` is not a size. The one parser for ``hot.budget`` and ``--mem-per-ps``."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _BYTE_UNITS:
+        return None
+    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
 
 
 def parse_bytes(value: Union[int, str], key: str) -> int:
-    """``256MiB`` / ``1.5GB`` / ``1048576`` → bytes (binary and decimal units, case-insensitive)."""
+    """A config byte size (an int or a ``byte_size`` string); a ``ConfigError`` naming ``key``."""
     if isinstance(value, int) and not isinstance(value, bool):
         _require(value >= 0, key, f"must be >= 0, got {value}")
         return value
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
-    unit = m.group(2).lower() if m else None
-    _require(m is not None and unit in _BYTE_UNITS, key,
-             f"expected a byte size such as 256MiB, 64MB or 1048576, got {value!r}")
-    return int(float(m.group(1)) * _BYTE_UNITS[unit])
+    n = byte_size(value)
+    _require(n is not None, key, f"expected a byte size such as 256MiB, 64MB or 1048576, got {value!r}")
+    return n
 
 
 @dataclass

@@ -52,7 +52,7 @@ Ids are non-negative int64: integer inputs are kept, strings are hashed (``hash_
 from __future__ import annotations
 
 import hashlib
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -87,6 +87,21 @@ def cat_col(which: str, name: str) -> str:
 
 def multi_col(which: str, name: str) -> str:
     return f"{which}.multi.{name}"
+
+
+def table_id_columns(schema: dict) -> Dict[str, List[str]]:
+    """``{table: [support column, query column]}`` in table order (categorical, then multi-hot):
+    where each embedding table's ids are, for code that counts them (stats, id profile)."""
+    out = {c["name"]: [cat_col(w, c["name"]) for w in SETS] for c in schema["categorical"]}
+    out.update({c["name"]: [multi_col(w, c["name"]) for w in SETS] for c in schema["multi_hot"]})
+    return out
+
+
+def flat_ids(column) -> np.ndarray:
+    """Every id of an id column (``list<int64>`` or ``list<list<int64>>`` Arrow array) as int64."""
+    while hasattr(column, "flatten") and str(column.type).startswith(("list", "large_list")):
+        column = column.flatten()
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def part_name(index: int, total: int) -> str:

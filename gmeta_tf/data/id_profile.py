@@ -169,21 +169,6 @@ class _Counter:
                             complete=len(order) == self._u.size)
 
 
-def _table_columns(schema: dict) -> Dict[str, List[str]]:
-    out = {}
-    for c in schema["categorical"]:
-        out[c["name"]] = [fmt.cat_col(w, c["name"]) for w in fmt.SETS]
-    for c in schema["multi_hot"]:
-        out[c["name"]] = [fmt.multi_col(w, c["name"]) for w in fmt.SETS]
-    return out
-
-
-def _column_ids(col) -> np.ndarray:
-    while hasattr(col, "flatten") and str(col.type).startswith(("list", "large_list")):
-        col = col.flatten()
-    return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
 def profile_ids(data_dir: str | Path, sample: float = 1.0, exact_max_ids: int = 1 << 16,
                 top_k: int = 1 << 17, sketch_width: int = 1 << 18, sketch_depth: int = 4,
                 seed: int = 0) -> Dict[str, TableProfile]:
@@ -194,7 +179,7 @@ def profile_ids(data_dir: str | Path, sample: float = 1.0, exact_max_ids: int = 
         raise DataError(f"--sample must be in (0, 1], got {sample}")
     data_dir = str(data_dir)
     schema = load_schema(data_dir)
-    columns = _table_columns(schema)
+    columns = fmt.table_id_columns(schema)
     counters = {t: _Counter(exact_max_ids, top_k, sketch_width, sketch_depth, seed) for t in columns}
     rng = np.random.default_rng(seed)
     for file in split_files(data_dir, "train", schema):
@@ -206,7 +191,7 @@ def profile_ids(data_dir: str | Path, sample: float = 1.0, exact_max_ids: int = 
                 rg = rg.take(keep)
             for table, cols in columns.items():
                 for col in cols:
-                    counters[table].add(_column_ids(rg.column(col).combine_chunks()))
+                    counters[table].add(fmt.flat_ids(rg.column(col).combine_chunks()))
     out = {t: c.result(t) for t, c in counters.items()}
     if sample < 1.0:
         for p in out.values():

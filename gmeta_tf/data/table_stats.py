@@ -25,30 +25,24 @@ KEY = "table_stats"
 
 
 def table_names(schema: dict) -> List[str]:
-    return [c["name"] for c in schema["categorical"]] + [c["name"] for c in schema["multi_hot"]]
+    return list(fmt.table_id_columns(schema))
 
 
 def compute(data_dir: str) -> Dict[str, Dict]:
     """``{table: access_stats}`` over the train split of ``data_dir``."""
     schema = load_schema(data_dir)
     files = [Path(data_dir) / f for f in schema["splits"]["train"]["files"]]
-    cats = [c["name"] for c in schema["categorical"]]
-    multis = [c["name"] for c in schema["multi_hot"]]
-    cols = [fmt.cat_col(w, n) for w in fmt.SETS for n in cats] + [fmt.multi_col(w, n) for w in fmt.SETS for n in multis]
-    ids: Dict[str, List[np.ndarray]] = {n: [] for n in cats + multis}
+    columns = fmt.table_id_columns(schema)
+    ids: Dict[str, List[np.ndarray]] = {n: [] for n in columns}
     n_samples = 0
     for f in files:
         try:
-            t = pq.read_table(f, columns=cols + [fmt.N_SUPPORT, fmt.N_QUERY])
+            t = pq.read_table(f, columns=[c for cols in columns.values() for c in cols] + [fmt.N_SUPPORT, fmt.N_QUERY])
         except (OSError, KeyError, ValueError) as e:
             raise DataError(f"{f}: cannot read the train split's id columns: {str(e).splitlines()[0]}") from None
         n_samples += int(pc.sum(t[fmt.N_SUPPORT]).as_py() or 0) + int(pc.sum(t[fmt.N_QUERY]).as_py() or 0)
-        for n in cats:
-            for w in fmt.SETS:
-                ids[n].append(pc.list_flatten(t[fmt.cat_col(w, n)]).to_numpy())
-        for n in multis:
-            for w in fmt.SETS:
-                ids[n].append(pc.list_flatten(pc.list_flatten(t[fmt.multi_col(w, n)])).to_numpy())
+        for n, cols in columns.items():
+            ids[n].extend(fmt.flat_ids(t[c].combine_chunks()) for c in cols)
     return {n: stats.access_stats(np.concatenate(v) if v else np.zeros(0, np.int64), n_samples)
             for n, v in ids.items()}
 
