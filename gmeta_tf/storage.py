@@ -1,11 +1,12 @@
-"""Run-directory I/O for local disks *and* object stores (``gs://``, ``s3://``, ``hdfs://``, ``ram://``).
+"""Run-directory I/O for local disks *and* object stores (``gs://``, ``s3://``, ``ram://``).
 
 Why: on Kubernetes the run directory (checkpoints, summaries, ``config.yaml``) is often a bucket
 rather than a mounted volume (``gmeta k8s render --checkpoint-uri gs://bucket/run``). Everything
 that reads or writes a run directory goes through these few functions, which use
 ``tf.io.gfile`` and therefore reach whatever filesystems TensorFlow has registered: local paths,
-``file://``, ``gs://`` (built into TensorFlow), ``hdfs://``, the in-memory ``ram://`` (used by
-the tests) and ``s3://`` once ``tensorflow-io`` is imported (``import_filesystem_plugins``).
+``file://``, ``gs://`` (built into TensorFlow), the in-memory ``ram://`` (used by the tests)
+and ``s3://`` / ``az://`` / ``hdfs://`` once ``tensorflow-io`` is imported (``_ready`` does that
+on first use, or says in one line what to install).
 
 What differs between the two kinds of storage is *commit*: a local ``rename`` is atomic, an
 object-store "rename" is a copy plus a delete. So callers write whole objects (one PUT each, which
@@ -55,15 +56,27 @@ def basename(path: str) -> str:
     return str(path).rstrip("/").rsplit("/", 1)[-1]
 
 
-def import_filesystem_plugins(path: str) -> None:
-    """Register filesystems TensorFlow itself lacks: ``s3://`` and friends live in tensorflow-io."""
-    if scheme(path) in ("s3", "az", "http", "https"):
+_PLUGIN_SCHEMES = ("s3", "az", "hdfs", "http", "https")  # provided by tensorflow-io
+_ready_schemes = {"", "file"}
+
+
+def _ready(path: str) -> None:
+    """Make sure TensorFlow can reach ``path``'s filesystem (once per scheme): import
+    tensorflow-io for the schemes it provides, else fail naming the path and the fix."""
+    sch = scheme(path)
+    if sch in _ready_schemes:
+        return
+    if sch not in gfile.get_registered_schemes() and sch in _PLUGIN_SCHEMES:
         try:
-            import tensorflow_io  # noqa: F401
+            import tensorflow_io  # noqa: F401  (registers its filesystems on import)
         except ImportError:
             raise CheckpointError(
-                f"{path}: TensorFlow has no {scheme(path)}:// filesystem built in; "
-                f"pip install tensorflow-io==0.37.1 in the image to use it") from None
+                f"{path}: TensorFlow has no {sch}:// filesystem built in; install the s3 extra "
+                f"(pip install 'gmeta-tf[s3]', i.e. tensorflow-io) in the image to use it") from None
+    if sch not in gfile.get_registered_schemes():
+        known = ", ".join(f"{x}://" for x in gfile.get_registered_schemes() if x) + ", or a local path"
+        raise CheckpointError(f"{path}: no filesystem for {sch}:// in this TensorFlow (use {known})")
+    _ready_schemes.add(sch)
 
 
 def _wrap(path: str, what: str, e: Exception) -> CheckpointError:
@@ -72,14 +85,17 @@ def _wrap(path: str, what: str, e: Exception) -> CheckpointError:
 
 
 def exists(path: str) -> bool:
+    _ready(path)
     return gfile.exists(str(path))
 
 
 def isdir(path: str) -> bool:
+    _ready(path)
     return gfile.isdir(str(path))
 
 
 def makedirs(path: str) -> None:
+    _ready(path)
     try:
         gfile.makedirs(str(path))
     except tf.errors.OpError as e:
@@ -88,6 +104,7 @@ def makedirs(path: str) -> None:
 
 def listdir(path: str) -> List[str]:
     """Entry names (no trailing ``/``); empty when ``path`` does not exist."""
+    _ready(path)
     if not gfile.isdir(str(path)):
         return []
     return sorted(n.rstrip("/") for n in gfile.listdir(str(path)))
@@ -95,6 +112,7 @@ def listdir(path: str) -> List[str]:
 
 def rmtree(path: str) -> None:
     """Remove a directory (or object prefix) and everything under it; missing is fine."""
+    _ready(path)
     try:
         if gfile.isdir(str(path)):
             gfile.rmtree(str(path))
@@ -105,6 +123,7 @@ def rmtree(path: str) -> None:
 
 
 def read_bytes(path: str) -> bytes:
+    _ready(path)
     try:
         with gfile.GFile(str(path), "rb") as f:
             return f.read()
@@ -120,6 +139,7 @@ def write_bytes(path: str, data: bytes) -> None:
     """Write one whole file/object. Locally through a temporary name and ``os.replace``, so a
     reader never sees half a file; on an object store one upload, which is all-or-nothing."""
     path = str(path)
+    _ready(path)
     try:
         if is_local(path):
             p = local_path(path)

@@ -46,7 +46,6 @@ def _slot_key(table_name: str, slot_var) -> str:
 class CheckpointManager:
     def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3):
         self.dir = str(directory)
-        store.import_filesystem_plugins(self.dir)
         self.model = model
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
