@@ -16,8 +16,10 @@ Local share and PS bytes are counted from the ids of real batches (rank 0's firs
   once together with its optimizer slots (Adam: value, m, v), each as ``dim`` float32 plus its
   int64 key. With the split off every distinct row is cold.
 
-``speedup_no_local_only_zipf_1_2`` attributes the gain: the same budget, but no table served
-wholly by hot rows (each still makes its TFRA lookup, mostly empty, every step).
+``speedup_no_local_only_zipf_1_2`` and ``speedup_no_prefetch_zipf_1_2`` attribute the gain: the
+same budget, but no table served wholly by hot rows (each still makes its PS lookup, mostly
+empty, every step), or cold rows on TFRA's shadow path instead of read one step ahead and
+written one step behind (``hot.prefetch=false``).
 
 ``BUDGET`` is deliberately far below the default 256MiB: the bench data's whole train id set
 would fit in that, leaving nothing on the PS during training; 2MiB keeps a cold tail of item
@@ -135,6 +137,11 @@ def measure(work: Path, log=print) -> Dict[str, float]:
             launch_local(2, 2, _train_argv(data, run, BUDGET) + ["--set", f"hot.profile={partial / 'id_profile.npz'}"],
                          log=quiet, timeout_s=600)
             out[f"speedup_no_local_only_zipf_{k}"] = _rates(run)["best"] / rates["off"]["best"]
+            # Attribution: the same split with the cold rows on TFRA's shadow path (no read-ahead
+            # / write-behind, hot/prefetch.py).
+            run = work / f"hot-zipf-{k}-on-no-prefetch"
+            launch_local(2, 2, _train_argv(data, run, BUDGET) + ["--set", "hot.prefetch=false"], log=quiet, timeout_s=600)
+            out[f"speedup_no_prefetch_zipf_{k}"] = _rates(run)["best"] / rates["off"]["best"]
         traffic = count_traffic(data, BUDGET)
         out.update({
             f"speedup_zipf_{k}": rates["on"]["best"] / rates["off"]["best"],

@@ -106,6 +106,7 @@ HEADLINES = [
     ("hot_split.speedup_mean_zipf_1_2", "… same, whole-run aggregate tasks/s", ""),
     ("hot_split.local_share_zipf_1_2", "lookups served by hot rows, Zipf 1.2", ""),
     ("hot_split.speedup_no_local_only_zipf_1_2", "… same, no table served wholly by hot rows", ""),
+    ("hot_split.speedup_no_prefetch_zipf_1_2", "… same, cold rows not read ahead / written behind", ""),
     ("hot_split.speedup_zipf_1_05", "hot/cold split on / off, Zipf 1.05 (tasks/s, 2w2ps)", ""),
     ("hot_split.local_share_zipf_1_05", "lookups served by hot rows, Zipf 1.05", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),

@@ -146,9 +146,12 @@ def _state(model, emb_opt):
     return out
 
 
-@pytest.mark.parametrize("optimizer,adapt", [("adam", "top"), ("adagrad", "dense+embedding")])
-def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt):
-    """Same rows, same batches: hot rows trained locally end up where the PS path puts them."""
+@pytest.mark.parametrize("optimizer,adapt,prefetch", [("adam", "top", True), ("adagrad", "dense+embedding", True),
+                                                      ("adam", "top", False)])
+def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt, prefetch):
+    """Same rows, same batches: hot rows trained locally end up where the PS path puts them, and
+    so do cold rows read one step ahead and written one step behind (prefetch): the patch of
+    rows two consecutive batches share makes that exact for one worker."""
     schema = tiny_schema("click")
     batches = [random_batch(schema, T=4, seed=s) for s in (1, 2, 3)]
     meta = MetaConfig(algo="maml", inner_steps=1, inner_lr=0.3, adapt=adapt)
@@ -163,15 +166,20 @@ def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt):
                    "tags": np.zeros(0, np.int64)}
             hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1, local_only={"city": True})
             rows = HotRows(model, hs, LocalSync(), optimizer, tcfg.embedding_learning_rate,
-                           {"item": 100, "city": 100, "tags": 300})
+                           {"item": 100, "city": 100, "tags": 300}, prefetch=prefetch)
             assert [type(t).__name__ for t in model.tables] == ["HotColdTable", "HotColdTable", "EmbeddingTable"]
         step = TrainStep(model, meta, dense_opt, emb_opt, LocalSync(), hot=rows)
         if rows is not None:
             assert [t.local_only for t in rows.tables] == [False, True]
-            assert len(step.shadows) == 2  # city's shadow has no TFRA apply
+            # city's shadow has no TFRA apply; with prefetch, item's cold rows have none either
+            assert len(step.shadows) == (1 if prefetch else 2) and step.prefetching == prefetch
         if rows is not None:
             rows.load(emb_opt)
-        losses = [float(step.step(b)["loss"]) for b in batches]
+        losses = [float(step.step(b, nxt)["loss"]) for b, nxt in zip(batches, batches[1:] + [None])]
+        if rows is not None and prefetch:  # consecutive batches share cold rows: the patch is exercised
+            cold = [set(rows.tables[0].cold_ids([b[w]["cat"]["item"] for w in ("support", "query")]).numpy())
+                    for b in batches]
+            assert cold[0] & cold[1]
         if rows is not None:
             stale = rows.ps_mismatches()
             rows.write_back(emb_opt)

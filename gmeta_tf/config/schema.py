@@ -236,6 +236,10 @@ class HotConfig:
     profile: Optional[str] = None  # default: <data.path>/id_profile.npz
     # Rows seen fewer times than this in the profile are never hot, whatever the budget.
     min_count: int = 1
+    # Read the next batch's cold rows during this step and write this step's cold updates during
+    # the next (hot/prefetch.py): PS round-trips overlap compute. Exact for one worker; across
+    # workers, others' updates arrive up to one step later. Off: cold rows take TFRA's shadow path.
+    prefetch: bool = True
 
     def __post_init__(self) -> None:
         parse_bytes(self.budget, "hot.budget")

@@ -16,7 +16,7 @@ order), and there is no randomness.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Tuple
 
 import tensorflow as tf
 
@@ -41,18 +41,24 @@ class LazyRowOptimizer:
               iterations: tf.Variable) -> None:
         s = self.slots[table]
         idx = slots[:, None]
-        w = tf.gather(var, slots)
-        if self.kind == "adam":
-            t = tf.cast(iterations + 1, tf.float32)
-            alpha = self.lr * tf.sqrt(1.0 - tf.pow(BETA_2, t)) / (1.0 - tf.pow(BETA_1, t))
-            m = tf.gather(s["m"], slots)
-            v = tf.gather(s["v"], slots)
-            m = m + (grad - m) * (1.0 - BETA_1)
-            v = v + (tf.square(grad) - v) * (1.0 - BETA_2)
-            s["m"].scatter_nd_update(idx, m)
-            s["v"].scatter_nd_update(idx, v)
-            var.scatter_nd_update(idx, w - (m * alpha) / (tf.sqrt(v) + EPSILON))
-        else:
-            acc = tf.gather(s["accumulator"], slots) + tf.square(grad)
-            s["accumulator"].scatter_nd_update(idx, acc)
-            var.scatter_nd_update(idx, w - self.lr * grad / tf.sqrt(acc + EPSILON))
+        w, new_slots = row_update(self.kind, self.lr, tf.gather(var, slots),
+                                  {n: tf.gather(v, slots) for n, v in s.items()}, grad, iterations)
+        for name, value in new_slots.items():
+            s[name].scatter_nd_update(idx, value)
+        var.scatter_nd_update(idx, w)
+
+
+def row_update(kind: str, lr: float, w: tf.Tensor, slots: Dict[str, tf.Tensor], grad: tf.Tensor,
+               iterations) -> Tuple[tf.Tensor, Dict[str, tf.Tensor]]:
+    """New values and slots of rows ``w`` given their gradient: Keras' Adam / Adagrad formulas
+    (what TFRA's wrapped optimizer computes for a looked-up row), as pure tensors so the hot rows
+    (scattered into local variables) and the prefetched cold rows (written to the PS later,
+    ``hot/prefetch.py``) share one definition."""
+    if kind == "adam":
+        t = tf.cast(iterations + 1, tf.float32)
+        alpha = lr * tf.sqrt(1.0 - tf.pow(BETA_2, t)) / (1.0 - tf.pow(BETA_1, t))
+        m = slots["m"] + (grad - slots["m"]) * (1.0 - BETA_1)
+        v = slots["v"] + (tf.square(grad) - slots["v"]) * (1.0 - BETA_2)
+        return w - (m * alpha) / (tf.sqrt(v) + EPSILON), {"m": m, "v": v}
+    acc = slots["accumulator"] + tf.square(grad)
+    return w - lr * grad / tf.sqrt(acc + EPSILON), {"accumulator": acc}

@@ -24,10 +24,12 @@ import gmeta_tf  # noqa: F401
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.hot.optimizer import SLOT_INIT, LazyRowOptimizer
+from gmeta_tf.hot.prefetch import ColdPrefetch
 from gmeta_tf.hot.select import HotSet, select_hot
 from gmeta_tf.hot.sync import HotGradSync
 from gmeta_tf.model.column_split import ColumnSplitTable
 from gmeta_tf.model.hot_cold import HotColdTable
+from gmeta_tf.model.sparse_features import feature_ids
 
 
 def _slot_suffix(slot_var) -> str:
@@ -35,8 +37,12 @@ def _slot_suffix(slot_var) -> str:
 
 
 class HotRows:
-    def __init__(self, model, hot_set: HotSet, sync, optimizer: str, lr: float, touched_bound: Dict[str, int]):
+    def __init__(self, model, hot_set: HotSet, sync, optimizer: str, lr: float, touched_bound: Dict[str, int],
+                 prefetch: bool = True):
         self.hot_set = hot_set
+        self.prefetch = bool(prefetch)
+        self.kind, self.lr = optimizer, float(lr)
+        self.prefetched: List[HotColdTable] = []  # filled by attach
         self.tables: List[HotColdTable] = []
         self.skipped: List[str] = []
         for i, table in enumerate(model.tables):
@@ -55,25 +61,74 @@ class HotRows:
         self.grad_sync = HotGradSync(sync, {t.name: t.num_hot for t in self.tables},
                                      {t.name: t.dim for t in self.tables}, touched_bound)
 
+    def attach(self, emb_opt) -> None:
+        """Give every table with PS work a ``ColdPrefetch`` (``hot.prefetch``). Called by the meta
+        step once the TFRA optimizer has created the slot tables the prefetch reads and writes."""
+        if not self.prefetch or self.prefetched:
+            return
+        for table in self.tables:
+            if not table.local_only:
+                table.prefetch = ColdPrefetch(table, self.kind, self.lr, self._slot_tables(table, emb_opt))
+                self.prefetched.append(table)
+        self._flush_fn = tf.function(self.flush_ops, autograph=False)
+
     # -- inside the compiled step --------------------------------------------------------------
     @property
     def variables(self) -> List[tf.Variable]:
         return [t.values for t in self.tables]
 
-    def remote_shadows(self, shadows: List) -> List:
-        """The shadows the TFRA optimizer still applies to (local-only tables have no PS work)."""
-        local = {t.shadow.name for t in self.tables if t.local_only}
-        return [s for s in shadows if s.name not in local]
+    @property
+    def cold_variables(self) -> List[tf.Variable]:
+        """The prefetched cold rows the step differentiates (one buffer per prefetched table)."""
+        return [t.prefetch.trainable for t in self.prefetched]
 
-    def apply(self, grads: List, emb_opt) -> None:
+    def remote_shadows(self, shadows: List) -> List:
+        """The shadows the TFRA optimizer still applies to: not local-only tables (no PS work)
+        nor prefetched ones (``apply`` updates their cold rows)."""
+        own = {t.shadow.name for t in self.tables if t.local_only or t.prefetch is not None}
+        return [s for s in shadows if s.name not in own]
+
+    def apply(self, grads: List, emb_opt, cold_grads: List = ()) -> List:
         """Aggregate over ranks, then update. Call before the tables' own apply (it reads their
-        step counters, which that apply increments; a local-only table's is advanced here, so
-        Adam's bias correction and the checkpointed counter stay what the PS path has)."""
+        step counters, which that apply increments; for a table with no TFRA apply, local-only
+        or prefetched, the counter is advanced here, so Adam's bias correction and the
+        checkpointed counter stay what the PS path has). Returns the prefetched tables' updates
+        (``store``'s patch)."""
+        cold = dict(zip([t.name for t in self.prefetched], cold_grads))
+        done = []
         for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
             iterations = emb_opt.for_shadow(table.shadow).iterations
             self.opt.apply(table.values, table.name, slots, grad, iterations)
-            if table.local_only:
+            if table.prefetch is not None:
+                done.append(table.prefetch.update(cold[table.name], iterations))
+            if table.local_only or table.prefetch is not None:
                 iterations.assign_add(1)
+        return done
+
+    def fetch(self, batch, cat_names, multi_names) -> List:
+        """Read ahead: ``batch``'s cold ids and their PS rows, per prefetched table."""
+        ids = dict(zip(list(cat_names) + list(multi_names), feature_ids(batch, cat_names, multi_names)))
+        out = []
+        for t in self.prefetched:
+            s_ids, q_ids, _ = ids[t.name]
+            cold = t.cold_ids([s_ids, q_ids])
+            out.append((cold, t.prefetch.fetch(cold)))
+        return out
+
+    def store(self, fetched: List, done: Optional[List] = None) -> None:
+        for i, (t, (ids, rows)) in enumerate(zip(self.prefetched, fetched)):
+            t.prefetch.store(ids, rows, done[i] if done is not None else None)
+
+    def flush_ops(self) -> None:
+        """The pending writes, as ops (inside a compiled step)."""
+        for t in self.prefetched:
+            t.prefetch.flush()
+
+    def flush(self) -> None:
+        """Write every prefetched table's pending update to the PS now (each rank, before a
+        checkpoint: the write-behind would otherwise land after the export)."""
+        if self.prefetched:
+            self._flush_fn()
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -99,7 +154,9 @@ class HotRows:
                 var.assign(tf.where(exists[:, None], vals, fill))
 
     def write_back(self, emb_opt) -> None:
-        """Upsert hot values and slots into the canonical (PS) tables."""
+        """Upsert hot values and slots into the canonical (PS) tables (after this rank's pending
+        cold writes)."""
+        self.flush()
         for table in self.tables:
             keys = tf.constant(table.hot_ids, tf.int64)
             table.variable.upsert(keys, table.values)
@@ -164,7 +221,8 @@ def build_hot_rows(cfg, model, sync, log=print) -> Optional[HotRows]:
         log(hot_set.format())
     scale = sync.size if cfg.train.scale_lr else 1
     rows = HotRows(model, hot_set, sync, cfg.train.embedding_optimizer,
-                   cfg.train.embedding_learning_rate * scale, touched_bounds(model, cfg.data))
+                   cfg.train.embedding_learning_rate * scale, touched_bounds(model, cfg.data),
+                   prefetch=cfg.hot.prefetch)
     if sync.rank == 0 and rows.skipped:
         log(f"hot split: {', '.join(rows.skipped)} stay wholly on the PS (column-split by cluster.placement)")
     if sync.rank == 0:

@@ -12,7 +12,7 @@ TFRA shadow variables (applied straight to the tables by the TFRA-wrapped optimi
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -73,20 +73,23 @@ class TrainStep:
         # Hot/cold split (gmeta_tf/hot): worker-local hot rows, trained in the same step.
         self.hot = hot
         self.hot_vars: List[tf.Variable] = hot.variables if hot is not None else []
+        self.cold_vars: List[tf.Variable] = []  # prefetched cold rows (hot/prefetch.py)
         self.meta = meta
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
         self.sync = sync
         self.dense_vars: List[tf.Variable] = list(model.dense_variables.values())
         self.shadows = model.trainable_shadows()
-        if hot is not None:  # tables served wholly by hot rows have no TFRA apply
-            self.shadows = hot.remote_shadows(self.shadows)
         self._loss = loss_fn(model, meta)
         # Create every optimizer slot now, outside the compiled step: a fresh run and a run
         # restored from a checkpoint then hold the same optimizer state in the same layout
         # (TFRA's optimizer builds its slot tables differently when created while tracing).
         dense_opt.build(self.dense_vars)
         emb_opt.build(model.shadows_by_table())
+        if hot is not None:
+            hot.attach(emb_opt)  # the prefetch needs the slot tables built just above
+            self.cold_vars = hot.cold_variables
+            self.shadows = hot.remote_shadows(model.trainable_shadows())
         # A name unique to this process: with PS tables the step's graph is partitioned and its
         # PS parts are registered on the parameter servers under names derived from this one,
         # so the functions different workers register on a shared PS never share a name (and a
@@ -95,26 +98,68 @@ class TrainStep:
         def step(batch):
             return self._step(batch)
 
-        step.__name__ = f"gmeta_train_step_r{sync.rank}_p{os.getpid()}"
-        self.step = tf.function(step, reduce_retracing=True)
+        def step_ahead(batch, next_batch):
+            return self._step_ahead(batch, next_batch)
+
+        def prime(batch):
+            self.hot.flush_ops()
+            self.hot.store(self.hot.fetch(batch, model.cat_names, model.multi_names))
+
+        tag = f"r{sync.rank}_p{os.getpid()}"
+        step.__name__ = f"gmeta_train_step_{tag}"
+        step_ahead.__name__ = f"gmeta_train_step_ahead_{tag}"
+        prime.__name__ = f"gmeta_prefetch_prime_{tag}"
+        self._compiled = tf.function(step, reduce_retracing=True)
+        self.prefetching = bool(self.cold_vars)
+        if self.prefetching:
+            self._compiled_ahead = tf.function(step_ahead, reduce_retracing=True)
+            self._prime = tf.function(prime, reduce_retracing=True)
+        self._primed = False
+
+    def step(self, batch: dict, next_batch: Optional[dict] = None) -> Dict[str, tf.Tensor]:
+        """Train on ``batch``. With prefetching tables, pass the batch the next call will train
+        on as ``next_batch``: its cold rows are read during this step (without it, the next
+        call reads them first, off the overlap)."""
+        if not self.prefetching:
+            return self._compiled(batch)
+        if not self._primed:
+            self._prime(batch)
+        self._primed = next_batch is not None
+        return self._compiled_ahead(batch, next_batch if next_batch is not None else batch)
 
     def gradients(self, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor]]:
-        loss, dense_grads, emb_grads, _ = self._gradients(batch)
+        loss, dense_grads, emb_grads, _, _ = self._gradients(batch)
         return loss, dense_grads, emb_grads
 
     def _gradients(self, batch: dict):
         with tf.GradientTape() as tape:
             loss = self._loss(batch)
-        grads = tape.gradient(loss, self.dense_vars + self.shadows + self.hot_vars,
+        grads = tape.gradient(loss, self.dense_vars + self.shadows + self.hot_vars + self.cold_vars,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         n, m = len(self.dense_vars), len(self.dense_vars) + len(self.shadows)
-        return loss, grads[:n], grads[n:m], grads[m:]
+        h = m + len(self.hot_vars)
+        return loss, grads[:n], grads[n:m], grads[m:h], grads[h:]
 
-    def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
-        loss, dense_grads, emb_grads, hot_grads = self._gradients(batch)
+    def _apply(self, batch: dict):
+        loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
         dense_grads = self.sync.allreduce(dense_grads)
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
+        done = None
         if self.hot is not None:  # before the tables' apply: it reads their step counters
-            self.hot.apply(hot_grads, self.emb_opt)
+            done = self.hot.apply(hot_grads, self.emb_opt, cold_grads)
         self.emb_opt.apply_gradients(zip(emb_grads, self.shadows))
+        return loss, done
+
+    def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
+        loss, _ = self._apply(batch)
+        return {"loss": loss}
+
+    def _step_ahead(self, batch: dict, next_batch: dict) -> Dict[str, tf.Tensor]:
+        """The step with prefetching tables: last step's cold writes, then the next batch's cold
+        reads, go to the PS first; nothing of this batch's compute waits on them, so they run
+        alongside it. The buffers are refilled (and patched with this step's updates) last."""
+        self.hot.flush_ops()
+        ahead = self.hot.fetch(next_batch, self.model.cat_names, self.model.multi_names)
+        loss, done = self._apply(batch)
+        self.hot.store(ahead, done)
         return {"loss": loss}

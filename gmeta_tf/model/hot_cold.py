@@ -22,11 +22,9 @@ data).
 Hot ids never reach the PS during training, so the PS copy of a hot row is stale until
 ``HotRows.write_back`` copies it there (checkpoint time).
 
-Not done: prefetching batch t+1's cold rows while step t computes. The TFRA shadow lookup is
-both the PS read and the record of which rows the optimizer updates, so an early read needs a
-PS-side apply of our own (with ``bp_v2`` delta semantics, so concurrent workers still add up).
-It would be exact for cold rows that step t does not update and one step stale for the rest,
-the same staleness the asynchronous PS path already has across workers.
+With ``prefetch`` set (``hot/prefetch.py``, done by ``HotRows.attach``), a trainable lookup takes
+its cold rows from the rows read one step ahead instead of a shadow lookup; the gradient then
+flows to that buffer and ``HotRows.apply`` updates the cold rows too.
 """
 from __future__ import annotations
 
@@ -49,6 +47,7 @@ class HotColdTable:
             default_value=-1)
         # Filled from the PS by ``HotRows.load`` before training; zeros until then.
         self.values = tf.Variable(tf.zeros([k, base.dim], tf.float32), name=f"hot-{base.name}")
+        self.prefetch = None  # a hot.prefetch.ColdPrefetch once HotRows.attach gives it one
 
     def __getattr__(self, item):  # everything but the lookup is the wrapped table's
         return getattr(self.base, item)
@@ -57,7 +56,8 @@ class HotColdTable:
     def num_hot(self) -> int:
         return len(self.hot_ids)
 
-    def lookup_unique(self, ids, trainable: bool = True) -> UniqueLookup:
+    def split(self, ids):
+        """(unique ids, index, slot, cold / hot / pad positions among the unique ids)."""
         flat = tf.concat([tf.reshape(x, [-1]) for x in ids], axis=0)
         uniq, index = tf.unique(flat, out_idx=tf.int32)
         slot = self.slot_of.lookup(uniq)
@@ -66,6 +66,16 @@ class HotColdTable:
         cold_pos = tf.cast(tf.reshape(tf.where(valid & ~hot), [-1]), tf.int32)
         hot_pos = tf.cast(tf.reshape(tf.where(hot), [-1]), tf.int32)
         pad_pos = tf.cast(tf.reshape(tf.where(~valid), [-1]), tf.int32)
+        return uniq, index, slot, cold_pos, hot_pos, pad_pos
+
+    def cold_ids(self, ids) -> tf.Tensor:
+        """The distinct cold ids of a batch, in the order ``lookup_unique`` looks them up."""
+        uniq, _, _, cold_pos, _, _ = self.split(ids)
+        return tf.gather(uniq, cold_pos)
+
+    def lookup_unique(self, ids, trainable: bool = True) -> UniqueLookup:
+        uniq, index, slot, cold_pos, hot_pos, pad_pos = self.split(ids)
+        hot = slot >= 0
         if self.local_only:
             tf.debugging.assert_equal(
                 tf.size(hot_pos) + tf.size(pad_pos), tf.size(uniq),
@@ -73,8 +83,11 @@ class HotColdTable:
                         f"said holds every train id; re-run gmeta data profile on this data")
             rows = tf.gather(self.values, tf.maximum(slot, 0)) * tf.cast(hot, tf.float32)[:, None]
             return UniqueLookup(rows=rows, index=index)
-        cold = self.base.lookup_unique([tf.gather(uniq, cold_pos)], trainable=trainable)
-        cold_rows = tf.gather(cold.rows, cold.index)
+        if trainable and self.prefetch is not None:
+            cold_rows = self.prefetch.rows(tf.gather(uniq, cold_pos))
+        else:
+            cold = self.base.lookup_unique([tf.gather(uniq, cold_pos)], trainable=trainable)
+            cold_rows = tf.gather(cold.rows, cold.index)
         hot_rows = tf.gather(self.values, tf.gather(slot, hot_pos))
         pad_rows = tf.zeros([tf.size(pad_pos), self.base.dim], tf.float32)
         rows = tf.dynamic_stitch([cold_pos, hot_pos, pad_pos], [cold_rows, hot_rows, pad_rows])

@@ -150,10 +150,12 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     loss_sum, loss_n = 0.0, 0
     tasks_per_s = float("nan")
     total_time, total_steps = 0.0, 0
+    upcoming = next(it) if start < cfg.train.steps else None
     for step in range(start + 1, cfg.train.steps + 1):
-        batch = next(it)
+        # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
+        batch, upcoming = upcoming, (next(it) if step < cfg.train.steps else None)
         try:
-            out = step_fn.step(batch)
+            out = step_fn.step(batch, upcoming)
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
                 tf.errors.InternalError, tf.errors.UnknownError) as e:
             if rt.ps_tasks:
@@ -196,7 +198,10 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             window_t0, window_steps, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
         if step % cfg.train.checkpoint_every == 0 or last:
             # Every rank pauses while rank 0 exports the PS tables, so the checkpoint is one
-            # consistent state and not a mix of before and after other ranks' updates.
+            # consistent state and not a mix of before and after other ranks' updates. Each rank
+            # first writes its pending (write-behind) cold-row updates.
+            if hot is not None:
+                hot.flush()
             rt.sync.barrier()
             if rt.rank == 0:
                 if hot is not None:  # replicas are identical: rank 0's copy is everyone's
