@@ -123,8 +123,8 @@ def test_budget_config_parsing():
         load_config(None, ["hot.min_count=0"])
 
 
-def _model_with_rows(schema, batches):
-    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), schema)
+def _model_with_rows(schema, batches, bp_v2=False):
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), schema, bp_v2=bp_v2)
     for table, name in zip(model.tables, model.table_names):
         part = "cat" if name in model.cat_names else "multi"
         ids = np.unique(np.concatenate([b[w][part][name].numpy().ravel() for b in batches for w in ("support", "query")]))
@@ -146,19 +146,21 @@ def _state(model, emb_opt):
     return out
 
 
-@pytest.mark.parametrize("optimizer,adapt,prefetch", [("adam", "top", True), ("adagrad", "dense+embedding", True),
-                                                      ("adam", "top", False)])
-def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt, prefetch):
+@pytest.mark.parametrize("optimizer,adapt,prefetch,bp_v2", [("adam", "top", True, True),
+                                                            ("adagrad", "dense+embedding", True, False),
+                                                            ("adam", "top", False, False)])
+def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt, prefetch, bp_v2):
     """Same rows, same batches: hot rows trained locally end up where the PS path puts them, and
     so do cold rows read one step ahead and written one step behind (prefetch): the patch of
-    rows two consecutive batches share makes that exact for one worker."""
+    rows two consecutive batches share makes that exact for one worker. With bp_v2 tables the
+    write is a delta, so a second flush must write nothing."""
     schema = tiny_schema("click")
     batches = [random_batch(schema, T=4, seed=s) for s in (1, 2, 3)]
     meta = MetaConfig(algo="maml", inner_steps=1, inner_lr=0.3, adapt=adapt)
     tcfg = TrainConfig(optimizer="adam", embedding_optimizer=optimizer, embedding_learning_rate=0.05)
     results = []
     for hot in (False, True):
-        model = _model_with_rows(schema, batches)
+        model = _model_with_rows(schema, batches, bp_v2=bp_v2)
         dense_opt, emb_opt = make_optimizers(tcfg)
         rows = None
         if hot:  # half of item's ids; every city id (no PS lookups at all); no tag (a plain table)
@@ -184,6 +186,7 @@ def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt, prefetch):
             stale = rows.ps_mismatches()
             rows.write_back(emb_opt)
             assert stale > 0 and rows.ps_mismatches() == 0
+            rows.flush()  # nothing pending any more: a no-op (bp_v2: no delta counted twice)
         results.append((losses, _state(model, emb_opt), rows))
     (loss_plain, plain, _), (loss_hot, hot, rows) = results
     hot_ids = {t.name: t.hot_ids for t in rows.tables}
@@ -290,3 +293,21 @@ def test_column_split_tables_stay_wholly_on_the_ps():
     losses = [float(step.step(random_batch(schema, T=4, seed=s))["loss"]) for s in (1, 2)]
     assert all(np.isfinite(losses))
     assert model.tables[0].parts[0].size() > 0  # the split table trained on its TFRA blocks
+
+
+def test_prefetch_refuses_a_batch_it_did_not_read_ahead():
+    """A step must train the batch the previous step read ahead; any other is refused, not
+    trained on another batch's rows."""
+    schema = tiny_schema("click")
+    b1, b2, b3 = (random_batch(schema, T=4, seed=s) for s in (1, 2, 3))
+    model = _model_with_rows(schema, [b1, b2, b3])
+    dense_opt, emb_opt = make_optimizers(TrainConfig(embedding_optimizer="adam"))
+    ids = {"item": np.arange(0, 50, 2, dtype=np.int64)}
+    rows = HotRows(model, HotSet(ids, {"item": 0}, {"item": 1}, 0, 1), LocalSync(), "adam", 0.05, {"item": 100})
+    step = TrainStep(model, MetaConfig(algo="fomaml"), dense_opt, emb_opt, LocalSync(), hot=rows)
+    assert step.prefetching
+    step.step(b1, b2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="prefetched cold rows belong to another batch"):
+        step.step(b3)
+    # The refused step wrote nothing half-way: the next call reads its own rows first and trains.
+    assert np.isfinite(float(step.step(b3)["loss"]))

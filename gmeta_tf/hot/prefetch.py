@@ -102,7 +102,11 @@ class ColdPrefetch:
     def rows(self, ids: tf.Tensor) -> tf.Tensor:
         """The buffered rows of ``ids`` (the cold ids of the batch being trained, in lookup order)."""
         have = self.ids.read_value()
-        same = tf.cond(tf.equal(tf.size(have), tf.size(ids)),
+        # Counts by reduction, not tf.size: in this graph grappler folded tf.size of these
+        # dynamically shaped tensors to 0 (seen on TF 2.16), which made the check vacuous.
+        n_have = tf.reduce_sum(tf.ones_like(have, tf.int32))
+        n_ids = tf.reduce_sum(tf.ones_like(ids, tf.int32))
+        same = tf.cond(tf.equal(n_have, n_ids),
                        lambda: tf.reduce_all(tf.equal(have, ids)), lambda: tf.constant(False))
         check = tf.debugging.Assert(same, [f"table {self.table.name}: the prefetched cold rows belong to another "
                                            f"batch; TrainStep.step(batch, next_batch) must next be called "
@@ -118,11 +122,14 @@ class ColdPrefetch:
                                   tf.reshape(grad, [-1, self.dim]), iterations)
         new = {"value": w, **new_slots}
         ids = self.ids.read_value()
-        self.pend_ids.assign(ids)
-        for f in self.sources:
-            self.pend_old[f].assign(self.cur[f].read_value())
-            self.pend_new[f].assign(new[f])
-            self.pend_exists[f].assign(self.cur_exists[f].read_value())
+        # All or nothing: a step that fails (say, the batch check in ``rows``) must not leave a
+        # half-queued write for the next flush.
+        with tf.control_dependencies(list(new.values())):
+            self.pend_ids.assign(ids)
+            for f in self.sources:
+                self.pend_old[f].assign(self.cur[f].read_value())
+                self.pend_new[f].assign(new[f])
+                self.pend_exists[f].assign(self.cur_exists[f].read_value())
         return ids, new
 
     def store(self, ids: tf.Tensor, fetched: Fields, done: Optional[Tuple[tf.Tensor, Dict[str, tf.Tensor]]]) -> None:

@@ -124,8 +124,13 @@ class TrainStep:
             return self._compiled(batch)
         if not self._primed:
             self._prime(batch)
+        try:
+            out = self._compiled_ahead(batch, next_batch if next_batch is not None else batch)
+        except Exception:
+            self._primed = False  # a failed step may leave the read-ahead half stored
+            raise
         self._primed = next_batch is not None
-        return self._compiled_ahead(batch, next_batch if next_batch is not None else batch)
+        return out
 
     def gradients(self, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor]]:
         loss, dense_grads, emb_grads, _, _ = self._gradients(batch)
