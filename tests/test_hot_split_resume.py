@@ -82,3 +82,31 @@ def test_local_only_table_meeting_an_unprofiled_id_is_a_clear_error(prepared_250
     write_profile(stale, profiles, {"sample": 1.0})
     with pytest.raises(DataError, match="step 1: hot table device: an id outside the hot set.*gmeta data profile"):
         train(_cfg(prepared_2500, stale / "id_profile.npz", "1MiB", 5), tmp_path / "run")
+
+
+def _ckpt_tables(run):
+    ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    out = {}
+    for f in sorted((ckpt / "tables").glob("*.npz")):
+        data = np.load(f)
+        order = np.argsort(data["keys"])
+        out[f.name] = (data["keys"][order], data["values"][order])
+    return out
+
+
+def test_prefetch_on_or_off_checkpoints_the_same_tables(prepared_2500, profile, tmp_path):
+    """The trainer with cold rows read ahead / written behind (one worker) checkpoints what TFRA's
+    shadow path does: every rank's pending write lands before the export, and the patch of
+    rows two consecutive batches share keeps the training exact."""
+    runs = {}
+    for prefetch in (True, False):
+        run = tmp_path / f"prefetch-{prefetch}"
+        cfg = _cfg(prepared_2500, profile, "64KiB", 30)
+        cfg.hot.prefetch = prefetch
+        runs[prefetch] = (train(cfg, run), _ckpt_tables(run))
+    (s_on, on), (s_off, off) = runs[True], runs[False]
+    assert [h["loss"] for h in s_on["history"]] == pytest.approx([h["loss"] for h in s_off["history"]], rel=1e-4)
+    assert on.keys() == off.keys() and len(on) > 0
+    for name in on:
+        assert np.array_equal(on[name][0], off[name][0]), name
+        np.testing.assert_allclose(on[name][1], off[name][1], atol=1e-5, err_msg=name)
