@@ -44,6 +44,20 @@ def _buffer(name: str, dtype, dim: Optional[int], trainable: bool = False) -> tf
     return tf.Variable(tf.zeros(shape, dtype), shape=[None] + shape[1:], trainable=trainable, name=name)
 
 
+def read_rows(sources: Dict[str, object], ids: tf.Tensor, dim: int) -> Fields:
+    """``ids``' rows in each table of ``sources`` (field -> de.Variable: "value", then slots).
+    A missing row gets the table's initializer value and a missing slot its optimizer's initial
+    value, as through TFRA's shadow; hot rows load the same way (``HotRows.load``)."""
+    out = {}
+    for f, src in sources.items():
+        rows, exists = src.lookup(ids, return_exists=True)
+        rows = tf.reshape(rows, [-1, dim])
+        if f != "value":
+            rows = tf.where(exists[:, None], rows, tf.fill(tf.shape(rows), SLOT_INIT[f]))
+        out[f] = (rows, exists)
+    return out
+
+
 class ColdPrefetch:
     """Buffers of one table: the next batch's cold rows (``cur``) and the last update (``pend``)."""
 
@@ -69,17 +83,8 @@ class ColdPrefetch:
 
     # -- PS side ---------------------------------------------------------------------------------
     def fetch(self, ids: tf.Tensor) -> Fields:
-        """Values and slots of ``ids`` from the PS: one round-trip (the lookups run in parallel).
-        A missing row gets the table's initializer value, a missing slot its initial value, as
-        through TFRA's shadow."""
-        out = {}
-        for f, src in self.sources.items():
-            rows, exists = src.lookup(ids, return_exists=True)
-            rows = tf.reshape(rows, [-1, self.dim])
-            if f != "value":
-                rows = tf.where(exists[:, None], rows, tf.fill(tf.shape(rows), SLOT_INIT[f]))
-            out[f] = (rows, exists)
-        return out
+        """Values and slots of ``ids`` from the PS: one round-trip (the lookups run in parallel)."""
+        return read_rows(self.sources, ids, self.dim)
 
     def flush(self) -> None:
         """Write the pending update to the PS (TFRA's ``update_op``: ``accum`` for bp_v2 tables,

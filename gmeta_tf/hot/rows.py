@@ -23,8 +23,8 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
 from gmeta_tf.errors import ClusterError
-from gmeta_tf.hot.optimizer import SLOT_INIT, LazyRowOptimizer
-from gmeta_tf.hot.prefetch import ColdPrefetch
+from gmeta_tf.hot.optimizer import LazyRowOptimizer
+from gmeta_tf.hot.prefetch import ColdPrefetch, read_rows
 from gmeta_tf.hot.select import HotSet, select_hot
 from gmeta_tf.hot.sync import HotGradSync
 from gmeta_tf.model.column_split import ColumnSplitTable
@@ -144,14 +144,11 @@ class HotRows:
         get the table's initializer value, slots their optimizer's initial value."""
         for table in self.tables:
             keys = tf.constant(table.hot_ids, tf.int64)
-            table.values.assign(table.variable.lookup(keys))  # missing → initializer
-            slot_tables = self._slot_tables(table, emb_opt)
+            fetched = read_rows({"value": table.variable, **self._slot_tables(table, emb_opt)}, keys, table.dim)
+            table.values.assign(fetched["value"][0])
             for name, var in self.opt.slots[table.name].items():
-                if name not in slot_tables:
-                    continue
-                vals, exists = slot_tables[name].lookup(keys, return_exists=True)
-                fill = tf.fill(tf.shape(vals), SLOT_INIT[name])
-                var.assign(tf.where(exists[:, None], vals, fill))
+                if name in fetched:
+                    var.assign(fetched[name][0])
 
     def write_back(self, emb_opt) -> None:
         """Upsert hot values and slots into the canonical (PS) tables (after this rank's pending
