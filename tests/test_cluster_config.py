@@ -35,3 +35,32 @@ def test_missing_placement_file_is_named(tmp_path):
 def test_launch_local_rejects_bad_counts_before_starting_anything(workers, ps):
     with pytest.raises(ClusterError, match="--workers must be >= 1"):
         launch_local(workers, ps, [])
+
+
+def test_lost_ps_error_names_the_ps_that_is_gone():
+    """A failed step's text may name every PS it talked to; the one that no longer accepts
+    connections is the one named, and the text decides only when every PS still answers."""
+    import socket
+
+    from gmeta_tf.train.dense_sync import LocalSync
+    from gmeta_tf.train.trainer import Runtime, lost_ps_error
+    from launch.local_cluster import free_ports
+
+    alive = socket.socket()
+    alive.bind(("127.0.0.1", 0))
+    alive.listen()
+    try:
+        up = f"127.0.0.1:{alive.getsockname()[1]}"
+        down = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+        text = ("Socket closed\n while running /job:ps/replica:0/task:0/device:CPU:0 and "
+                "/job:ps/replica:0/task:1/device:CPU:0")
+        err = lost_ps_error(RuntimeError(text), Runtime(sync=LocalSync(), ps_tasks=2, ps_addresses=[up, down]), 43)
+        assert isinstance(err, ClusterError)
+        assert f"rank 0: lost ps:1 ({down}) at step 43: Socket closed." in str(err)
+        assert f"ps:0 ({up})" not in str(err)
+        # Every PS answers: the PS the error text names.
+        err = lost_ps_error(RuntimeError("x /job:ps/replica:0/task:0/device:CPU:0"),
+                            Runtime(sync=LocalSync(), ps_tasks=2, ps_addresses=[up, up]), 7)
+        assert f"lost ps:0 ({up}) at step 7" in str(err)
+    finally:
+        alive.close()

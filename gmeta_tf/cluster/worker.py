@@ -37,14 +37,28 @@ def is_distributed(cfg: Config) -> bool:
     return bool(ps_addresses(cfg)) or "HOROVOD_RANK" in os.environ
 
 
+def _connect(addr: str, timeout_s: float) -> None:
+    """Open and close a TCP connection to ``host:port``; OSError when nothing listens there."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s):
+        pass
+
+
+def reachable(addr: str, timeout_s: float = 1.0) -> bool:
+    try:
+        _connect(addr, timeout_s)
+        return True
+    except OSError:
+        return False
+
+
 def wait_reachable(addresses: List[str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for i, addr in enumerate(addresses):
-        host, port = addr.rsplit(":", 1)
         while True:
             try:
-                with socket.create_connection((host, int(port)), timeout=2.0):
-                    break
+                _connect(addr, 2.0)
+                break
             except OSError as e:
                 if time.monotonic() >= deadline:
                     raise ClusterError(

@@ -250,11 +250,18 @@ def load_trained(run_dir: str | Path, overrides=()) -> tuple[Config, DLRM, Check
 
 
 def lost_ps_error(e: Exception, rt: Runtime, step: int):
-    """Turn a gRPC failure inside the step into one line that names the parameter server."""
+    """Turn a gRPC failure inside the step into one line that names the parameter server.
+
+    The error text of a partitioned step may name every PS the step was talking to, the healthy
+    ones too, so the PS that no longer accepts connections is the one named; the text is the
+    fallback when every PS still answers (a network failure, say).
+    """
+    from gmeta_tf.cluster.worker import reachable
     from gmeta_tf.errors import ClusterError
 
     text = str(e)
-    tasks = sorted({int(m) for m in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)})
+    down = [t for t, addr in enumerate(rt.ps_addresses) if not reachable(addr)]
+    tasks = down or sorted({int(m) for m in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)})
     named = [f"ps:{t} ({rt.ps_addresses[t]})" for t in tasks if t < len(rt.ps_addresses)]
     who = ", ".join(named) or "a parameter server (" + ", ".join(rt.ps_addresses) + ")"
     first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
