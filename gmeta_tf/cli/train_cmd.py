@@ -54,8 +54,13 @@ def train(config_path, overrides, data, run_dir, algo, steps, resume, ps):
     summary, rt = run_training(cfg, run_dir, resume)
     if rt is None or rt.rank == 0:
         agg = f", {summary['aggregate_tasks_per_s']:,.0f} tasks/s over {summary['ranks']} ranks" if summary["ranks"] > 1 else ""
-        click.echo(f"trained {cfg.meta.algo} to step {summary['steps']} "
+        best = summary.get("best")
+        stop = " (stopped early)" if summary.get("stopped_early") else ""
+        click.echo(f"trained {cfg.meta.algo} to step {summary['last_step']}{stop} "
                    f"({summary['tasks_per_s']:,.0f} tasks/s{agg}); run directory {run_dir}")
+        if best:
+            click.echo(f"best valid {best['metric']} {best['value']:.4f} at step {best['step']} "
+                       f"(the checkpoint gmeta eval uses)")
 
 
 @click.command("eval")
@@ -64,15 +69,19 @@ def train(config_path, overrides, data, run_dir, algo, steps, resume, ps):
               help="Split to evaluate (default eval.split, i.e. test).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a key of the run's config (e.g. eval.adapt_steps=3).")
+@click.option("--checkpoint", "which", default="best", show_default=True, metavar="best|latest|STEP",
+              help="Which checkpoint: the best validation step (the latest if the run did not validate), "
+                   "the latest, or a step number.")
 @friendly_errors
-def eval_cmd(run_dir, split, overrides):
+def eval_cmd(run_dir, split, overrides, which):
     """Adapt to each unseen task on its support set, score its query set."""
     from gmeta_tf.evaluation.evaluate import evaluate, write_eval
     from gmeta_tf.evaluation.report import format_table
     from gmeta_tf.train.trainer import load_trained
 
-    cfg, model, _ = load_trained(run_dir, overrides)
+    cfg, model, ckpt = load_trained(run_dir, overrides, checkpoint=which)
     result = evaluate(model, cfg, cfg.meta.algo, split)
+    result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
     path = write_eval(run_dir, result)
     click.echo(format_table([result]))
     click.echo(f"wrote {path}")

@@ -22,6 +22,17 @@ def _require(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"config key '{key}': {msg}")
 
 
+# Every metric ``gmeta eval`` reports that can pick a best checkpoint: +1 higher is better.
+METRIC_DIRECTIONS = {"mae": -1, "rmse": -1, "logloss": -1, "auc": 1, "auc_pooled": 1,
+                     "p_at_5": 1, "ndcg_at_5": 1}
+
+
+def metric_direction(name: str) -> Optional[int]:
+    """+1 / -1 for a metric key (``mae``, ``auc_finetune``, ``rmse_no_adapt`` ...); None if unknown."""
+    base = re.sub(r"_(no_adapt|finetune)$", "", name)
+    return METRIC_DIRECTIONS.get(base)
+
+
 @dataclass
 class PrepareConfig:
     """Column mapping and task construction for ``gmeta data prepare``.
@@ -88,6 +99,10 @@ class DataConfig:
     parallel_reads: int = 2
     prefetch: int = 4
     seed: int = 0
+    # ``fixed``: a training task's support / query are as prepared (query = its latest samples).
+    # ``resample``: re-dealt at random each epoch (gmeta_tf/metaio/episodes.py), so every sample
+    # is a query target over the epochs. Valid and test splits always keep the prepared split.
+    episodes: Literal["fixed", "resample"] = "fixed"
 
     def __post_init__(self) -> None:
         for key in ("tasks_per_batch", "support", "query", "max_multi_hot", "parallel_reads"):
@@ -106,9 +121,15 @@ class ModelConfig:
     interaction: Literal["dot", "concat"] = "dot"
     init_stddev: float = 0.05
     seed: int = 0
+    # L2 penalty on every looked-up embedding (per sample, as in biased matrix factorisation):
+    # it shrinks a rarely seen id toward zero, so its score leans on the shared features, the
+    # way a shrunk item mean leans on the global mean. Without it, id rows memorise the few
+    # training users who rated an item and cold-user error rises after a few hundred steps.
+    embedding_l2: float = 0.0
 
     def __post_init__(self) -> None:
         _require(self.embedding_dim >= 1, "model.embedding_dim", "must be >= 1")
+        _require(self.embedding_l2 >= 0, "model.embedding_l2", f"must be >= 0, got {self.embedding_l2}")
         for key in ("bottom_mlp", "top_mlp"):
             sizes = getattr(self, key)
             _require(all(int(s) >= 1 for s in sizes), f"model.{key}", f"layer sizes must be >= 1, got {sizes}")
@@ -151,9 +172,26 @@ class TrainConfig:
     checkpoint_every: int = 200
     keep_checkpoints: int = 3
     seed: int = 0
+    # Validation while training (gmeta_tf/train/validation.py): every ``eval_every`` steps the
+    # valid split's users are adapted and scored exactly as ``gmeta eval`` does; the best step's
+    # checkpoint is kept and is what ``gmeta eval`` uses. 0 turns validation off.
+    eval_every: int = 0
+    # Stop after this many validations in a row without a better ``best_metric`` (0: never).
+    early_stop_patience: int = 0
+    # ``auto``: mae for ratings, auc for clicks; any metric key of ``gmeta eval`` (e.g. rmse,
+    # logloss, ndcg_at_5, mae_finetune for an ERM run judged after fine-tuning).
+    best_metric: str = "auto"
 
     def __post_init__(self) -> None:
         _require(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        _require(self.eval_every >= 0, "train.eval_every", f"must be >= 0, got {self.eval_every}")
+        _require(self.early_stop_patience >= 0, "train.early_stop_patience",
+                 f"must be >= 0, got {self.early_stop_patience}")
+        _require(self.early_stop_patience == 0 or self.eval_every > 0, "train.early_stop_patience",
+                 "needs train.eval_every > 0 (early stopping counts validations)")
+        _require(self.best_metric == "auto" or metric_direction(self.best_metric) is not None,
+                 "train.best_metric", f"unknown metric {self.best_metric!r}; one of auto, "
+                 + ", ".join(sorted(METRIC_DIRECTIONS)) + " (optionally with _no_adapt or _finetune)")
         _require(self.learning_rate > 0, "train.learning_rate", "must be > 0")
         _require(self.embedding_learning_rate > 0, "train.embedding_learning_rate", "must be > 0")
         _require(self.log_every >= 1, "train.log_every", "must be >= 1")

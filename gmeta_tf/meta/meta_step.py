@@ -41,7 +41,21 @@ def maml_loss(model: DLRM, meta: MetaConfig, batch: dict) -> tf.Tensor:
                  second_order=meta.algo == "maml")
     q = task_losses(model, fast, batch, "query")
     tm = batch["task_mask"]
-    return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0)
+    return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0) + embedding_penalty(model, sparse, batch)
+
+
+def embedding_penalty(model: DLRM, sparse, batch: dict) -> tf.Tensor:
+    """``model.embedding_l2`` × the mean squared norm of every sample's embeddings (0 when off)."""
+    l2 = float(model.cfg.embedding_l2)
+    if l2 == 0.0:
+        return tf.constant(0.0)
+    total, count = 0.0, 0.0
+    for which in ("support", "query"):
+        mask = batch[which]["mask"] * batch["task_mask"][:, None]
+        sq = tf.reduce_sum(tf.square(sparse.embed(which)), axis=[2, 3])  # [T, N]
+        total += tf.reduce_sum(sq * mask)
+        count += tf.reduce_sum(mask)
+    return l2 * total / tf.maximum(count, 1.0)
 
 
 def erm_loss(model: DLRM, batch: dict) -> tf.Tensor:
@@ -56,7 +70,7 @@ def erm_loss(model: DLRM, batch: dict) -> tf.Tensor:
         mask = part["mask"] * batch["task_mask"][:, None]
         total += tf.reduce_sum(losses * mask)
         count += tf.reduce_sum(mask)
-    return total / tf.maximum(count, 1.0)
+    return total / tf.maximum(count, 1.0) + embedding_penalty(model, sparse, batch)
 
 
 def loss_fn(model: DLRM, meta: MetaConfig):

@@ -41,7 +41,7 @@ import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is im
 from gmeta_tf.config.schema import DataConfig
 from gmeta_tf.data import format as fmt
 from gmeta_tf.errors import DataError
-from gmeta_tf.metaio import decode
+from gmeta_tf.metaio import decode, episodes
 
 # Rows per record batch handed to the decoder. Large enough that per-block Python overhead
 # (~tens of numpy calls) is amortized over many tasks, small enough that a block of long tasks
@@ -201,8 +201,9 @@ def batch_signature(schema: dict, cfg: DataConfig) -> Dict[str, object]:
 # --------------------------------------------------------------------------------------------
 # the pipeline
 # --------------------------------------------------------------------------------------------
-def _file_dataset(layout: decode.Layout, shuffle: bool, base_seed: int):
-    """``(file, epoch, index) -> Dataset`` of decoded blocks of one Parquet file."""
+def _file_dataset(layout: decode.Layout, shuffle: bool, base_seed: int, resample: bool = False):
+    """``(file, epoch, index) -> Dataset`` of decoded blocks of one Parquet file; ``resample``
+    re-deals every task's support / query each epoch (``episodes.resample``)."""
     columns = layout.columns()
     block_spec = _signature(layout, None)
     no_dense = layout.dense_dim == 0
@@ -215,18 +216,21 @@ def _file_dataset(layout: decode.Layout, shuffle: bool, base_seed: int):
         pf = pq.ParquetFile(path)
         groups = list(range(pf.num_row_groups))
         rng = None
-        if shuffle:
+        if shuffle or resample:
             # Fresh, reproducible randomness per (seed, epoch, file): row groups in a new order and
             # tasks permuted within each block, so mixing does not rest on the buffer alone.
             rng = np.random.default_rng([base_seed % 2**32, int(epoch), int(index)])
-            rng.shuffle(groups)
+            if shuffle:
+                rng.shuffle(groups)
         if not groups:
             return
         for rb in pf.iter_batches(batch_size=BLOCK_ROWS, row_groups=groups, columns=columns, use_threads=False):
             if rb.num_rows == 0:
                 continue
+            if resample:
+                rb = episodes.resample(rb, rng)
             block = decode.decode_block(rb, layout, path)
-            if rng is not None:
+            if shuffle:
                 block = decode.take(block, rng.permutation(rb.num_rows))
             if no_dense:
                 for which in fmt.SETS:
@@ -282,7 +286,7 @@ def make_dataset(
     cycle = max(1, min(cfg.parallel_reads, len(mine)))
     seed = int(cfg.seed) + int(rank)
     shuffle = training and cfg.shuffle_buffer > 0
-    make = _file_dataset(layout, shuffle, seed)
+    make = _file_dataset(layout, shuffle, seed, resample=training and cfg.episodes == "resample")
     n_files = len(mine)
     files_t = tf.constant(mine)
 

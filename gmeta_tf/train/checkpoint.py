@@ -36,6 +36,8 @@ from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.tables import export_variable, import_variable
 
 LATEST = "latest"
+# Names the checkpoint of the best validation step (train.eval_every); pruning never removes it.
+BEST = "best"
 
 
 def _slot_key(table_name: str, slot_var) -> str:
@@ -51,6 +53,7 @@ class CheckpointManager:
         self.emb_opt = emb_opt
         self.keep = keep
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.restored_meta: Optional[Dict] = None  # meta.json of the last restore
         # Optimizers must own their variables before a restore can fill them.
         dense_opt.build(list(model.dense_variables.values()))
         emb_opt.build(model.shadows_by_table())
@@ -79,6 +82,43 @@ class CheckpointManager:
                 return store.join(self.dir, name)
         done = self.all_checkpoints()
         return done[-1] if done else None
+
+    def best(self) -> Optional[Dict]:
+        """``{"checkpoint": path, "step", "metric", "value"}`` of the best validation step, if
+        one was recorded and its checkpoint is complete."""
+        pointer = store.join(self.dir, BEST)
+        if not store.exists(pointer):
+            return None
+        try:
+            info = json.loads(store.read_text(pointer))
+            name = info["checkpoint"]
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError(f"{pointer}: not a best-checkpoint record; delete it to fall back to 'latest'") from None
+        if not self._complete(name):
+            return None
+        return {**info, "checkpoint": store.join(self.dir, name)}
+
+    def mark_best(self, path: str, info: Dict) -> None:
+        """Point ``best`` at ``path`` (a complete checkpoint); written after it, like ``latest``."""
+        store.write_text(store.join(self.dir, BEST),
+                         json.dumps({"checkpoint": store.basename(path), **info}, indent=1))
+
+    def resolve(self, which: str = "best") -> Optional[str]:
+        """``best`` (falls back to the latest when no validation ran), ``latest``, or a step."""
+        if which == "latest":
+            return self.latest()
+        if which == "best":
+            best = self.best()
+            return best["checkpoint"] if best else self.latest()
+        try:
+            step = int(which)
+        except ValueError:
+            raise CheckpointError(f"--checkpoint must be best, latest or a step number, got {which!r}") from None
+        path = store.join(self.dir, f"ckpt-{step:08d}")
+        if not self._complete(store.basename(path)):
+            have = ", ".join(str(int(store.basename(c)[5:])) for c in self.all_checkpoints()) or "none"
+            raise CheckpointError(f"{self.dir}: no complete checkpoint for step {step} (have: {have})")
+        return path
 
     # -- save ---------------------------------------------------------------------------------
     def tables_to_save(self) -> Dict[str, object]:
@@ -123,8 +163,10 @@ class CheckpointManager:
             store.rmtree(target)
             raise
         store.write_text(store.join(self.dir, LATEST), name + "\n")
+        best = self.best()
         for old in self.all_checkpoints()[: -self.keep]:
-            store.rmtree(old)
+            if best is None or old != best["checkpoint"]:
+                store.rmtree(old)
         return final
 
     # -- restore ------------------------------------------------------------------------------
@@ -156,4 +198,5 @@ class CheckpointManager:
                 keys, values = got
             var.clear()
             import_variable(var, keys, values)
+        self.restored_meta = meta
         return int(meta["step"])

@@ -29,6 +29,7 @@ from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.dense_sync import LocalSync
+from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validate
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "train_summary.json"
@@ -114,7 +115,11 @@ def _wait_for_ps(model: DLRM, emb_opt) -> None:
     context.async_wait()
 
 
-def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume: bool = True) -> dict:
+def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume: bool = True,
+          on_validation: Optional[OnValidation] = None) -> dict:
+    """Train to ``train.steps`` (or an early stop). ``on_validation(step, metrics)`` is called
+    on rank 0 after each validation (``gmeta tune`` reports to Optuna there); what it raises
+    propagates."""
     rt = rt or Runtime()
     run_dir = str(run_dir)
     tf.random.set_seed(cfg.train.seed + rt.rank)
@@ -130,6 +135,13 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             if start:
                 rt.log(f"resumed from {ckpt.latest()} at step {start}")
     start = rt.sync.broadcast_int(start)
+    tracker = BestTracker.from_state((ckpt.restored_meta or {}).get("validation") if start else None,
+                                     resolve_metric(cfg, model.kind), cfg.train.early_stop_patience)
+    validating = cfg.train.eval_every > 0
+    stopped = rt.sync.broadcast_int(int(validating and tracker.should_stop))
+    if stopped and rt.rank == 0:
+        rt.log(f"this run stopped early at step {start} (best {tracker.metric} {tracker.best_value:.4f} "
+               f"at step {tracker.best_step}); nothing more to train")
     hot = step_fn.hot
     if hot is not None:
         hot.check_same_everywhere(rt.sync)
@@ -150,10 +162,11 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     loss_sum, loss_n = 0.0, 0
     tasks_per_s = float("nan")
     total_time, total_steps = 0.0, 0
-    upcoming = next(it) if start < cfg.train.steps else None
-    for step in range(start + 1, cfg.train.steps + 1):
+    end = start if stopped else cfg.train.steps
+    upcoming = next(it) if start < end else None
+    for step in range(start + 1, end + 1):
         # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
-        batch, upcoming = upcoming, (next(it) if step < cfg.train.steps else None)
+        batch, upcoming = upcoming, (next(it) if step < end else None)
         try:
             out = step_fn.step(batch, upcoming)
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
@@ -196,21 +209,25 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
                     tf.summary.scalar("loss", mean_loss, step=step)
                     tf.summary.scalar("tasks_per_s", tasks_per_s, step=step)
             window_t0, window_steps, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
-        if step % cfg.train.checkpoint_every == 0 or last:
-            # Every rank pauses while rank 0 exports the PS tables, so the checkpoint is one
-            # consistent state and not a mix of before and after other ranks' updates. Each rank
-            # first writes its pending (write-behind) cold-row updates.
-            if hot is not None:
-                hot.flush()
-            rt.sync.barrier()
+        improved = False
+        if validating and (step % cfg.train.eval_every == 0 or last):
+            improved = _validation_point(cfg, model, rt, hot, tracker, step, writer, on_validation)
+            stopped = rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0)
+        if improved or stopped or step % cfg.train.checkpoint_every == 0 or last:
+            meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks, "validation": tracker.state()}
+            path = _save_checkpoint(ckpt, rt, hot, emb_opt, step, meta)
+            if improved and rt.rank == 0:
+                ckpt.mark_best(path, tracker.summary())
+        if stopped:
             if rt.rank == 0:
-                if hot is not None:  # replicas are identical: rank 0's copy is everyone's
-                    hot.write_back(emb_opt)
-                ckpt.save(step, {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks})
-            rt.sync.barrier()
+                rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "
+                       f"{tracker.since_best} validations; best {tracker.best_value:.4f} at step {tracker.best_step}")
+            break
     rank_tps = (total_steps * T / total_time) if total_time else float("nan")
     summary = {
         "algo": cfg.meta.algo, "steps": cfg.train.steps, "start_step": start,
+        "stopped_early": bool(stopped), "last_step": step if start < end else start,
+        "best": tracker.summary(), "validation": tracker.history,
         "tasks_per_s": rank_tps, "ranks": rt.size, "ps": rt.ps_tasks, "history": history,
         "aggregate_tasks_per_s": rt.sync.allreduce_scalar(rank_tps if math.isfinite(rank_tps) else 0.0),
         "dense_digest": dense_digest(model),
@@ -218,7 +235,8 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         # where each TFRA table's rows are, by PS task (the placement check reads this)
         "table_rows_by_ps_task": rows_by_ps_task(model) if rt.rank == 0 and rt.ps_tasks else {},
     }
-    rank_file = {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step")}
+    rank_file = {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step",
+                                         "last_step", "stopped_early")}
     if hot is not None:  # after the last checkpoint's write-back: the PS must match every rank
         rank_file.update(hot_digest=hot.digest(), hot_rows=hot.hot_set.rows,
                          hot_ps_mismatches=hot.ps_mismatches())
@@ -231,8 +249,55 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     return summary
 
 
-def load_trained(run_dir: str | Path, overrides=()) -> tuple[Config, DLRM, CheckpointManager]:
-    """Rebuild a run's model with local tables from its config and latest checkpoint."""
+def _save_checkpoint(ckpt: CheckpointManager, rt: Runtime, hot, emb_opt, step: int, meta: dict) -> Optional[str]:
+    """Every rank pauses while rank 0 exports the PS tables, so the checkpoint is one consistent
+    state and not a mix of before and after other ranks' updates. Each rank first writes its
+    pending (write-behind) cold-row updates. Returns the path on rank 0."""
+    if hot is not None:
+        hot.flush()
+    rt.sync.barrier()
+    path = None
+    if rt.rank == 0:
+        if hot is not None:  # replicas are identical: rank 0's copy is everyone's
+            hot.write_back(emb_opt)
+        path = ckpt.save(step, meta)
+    rt.sync.barrier()
+    return path
+
+
+def _validation_point(cfg: Config, model: DLRM, rt: Runtime, hot, tracker: BestTracker, step: int,
+                      writer, on_validation: Optional[OnValidation]) -> bool:
+    """Rank 0 scores the valid split (the others wait, so the PS holds one state); returns
+    whether this step is the best so far, agreed by every rank."""
+    if hot is not None:  # the PS must hold every rank's updates before rank 0 reads it
+        hot.flush()
+    rt.sync.barrier()
+    improved = 0
+    if rt.rank == 0:
+        from gmeta_tf.errors import UserError
+
+        metrics = validate(model, cfg)
+        if tracker.metric not in metrics:
+            have = ", ".join(k for k, v in metrics.items() if isinstance(v, float))
+            raise UserError(f"train.best_metric: validation reports no {tracker.metric!r} for this run "
+                            f"(algo {cfg.meta.algo}); it reports {have}")
+        improved = int(tracker.update(step, float(metrics[tracker.metric])))
+        shown = {k: v for k, v in metrics.items() if isinstance(v, float) and not k.endswith("_no_adapt")}
+        rt.log(f"step {step} valid " + " ".join(f"{k} {v:.4f}" for k, v in shown.items())
+               + (" (best)" if improved else f" (best {tracker.best_value:.4f} at step {tracker.best_step})"))
+        if writer is not None:
+            with writer.as_default():
+                for k, v in metrics.items():
+                    if isinstance(v, float):
+                        tf.summary.scalar(f"valid/{k}", v, step=step)
+        if on_validation is not None:
+            on_validation(step, metrics)
+    return bool(rt.sync.broadcast_int(improved))
+
+
+def load_trained(run_dir: str | Path, overrides=(), checkpoint: str = "best") -> tuple[Config, DLRM, CheckpointManager]:
+    """Rebuild a run's model with local tables from its config and a checkpoint: ``best`` (the
+    best validation step; the latest when the run did not validate), ``latest`` or a step."""
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.errors import CheckpointError
 
@@ -243,9 +308,10 @@ def load_trained(run_dir: str | Path, overrides=()) -> tuple[Config, DLRM, Check
     model = build_model(cfg, load_schema(cfg.data.path), Runtime())
     dense_opt, emb_opt = make_optimizers(cfg.train)
     ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt)
-    if ckpt.latest() is None:
+    path = ckpt.resolve(checkpoint)
+    if path is None:
         raise CheckpointError(f"{run_dir}: no complete checkpoint in {storage.join(run_dir, 'checkpoints')}")
-    ckpt.restore()
+    ckpt.restore(path)
     return cfg, model, ckpt
 
 

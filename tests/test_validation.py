@@ -1,0 +1,105 @@
+"""Validation while training: the best step is kept, early stopping stops, eval uses the best.
+
+The early-stopping run uses a learning rate ten times the quickstart's on the 2,500-user
+synthetic set, so the valid split's AUC peaks early and then falls: the run must stop exactly
+``patience`` validations after its best step, and ``gmeta eval`` must score the best step's
+weights (the valid AUC it recomputes equals the logged best to float precision).
+"""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gmeta_tf.cli.main import cli
+from gmeta_tf.config.loader import load_config
+from gmeta_tf.config.schema import ConfigError
+from gmeta_tf.evaluation.evaluate import evaluate
+from gmeta_tf.train.checkpoint import CheckpointManager
+from gmeta_tf.train.trainer import load_trained, train
+from gmeta_tf.train.validation import BestTracker
+
+EVAL_EVERY, PATIENCE = 10, 2
+
+
+def test_tracker_counts_validations_since_the_best():
+    t = BestTracker(metric="mae", patience=2)
+    assert t.update(10, 0.9) and t.update(20, 0.8)
+    assert not t.update(30, 0.85) and not t.should_stop
+    assert not t.update(40, float("nan")) and t.should_stop  # NaN is never a best
+    assert (t.best_step, t.best_value) == (20, 0.8)
+    auc = BestTracker(metric="auc_finetune", patience=1)
+    assert auc.update(5, 0.6) and auc.update(10, 0.7) and not auc.update(15, 0.65)
+    assert auc.should_stop and auc.summary() == {"step": 10, "metric": "auc_finetune", "value": 0.7}
+    again = BestTracker.from_state(t.state(), "mae", 2)
+    assert (again.best_step, again.since_best, again.should_stop) == (20, 2, True)
+    assert BestTracker.from_state(t.state(), "rmse", 2).best_value is None  # another metric: afresh
+
+
+@pytest.mark.parametrize("bad", ["train.best_metric=accuracy", "train.eval_every=-1"])
+def test_bad_validation_keys_name_the_key(bad):
+    with pytest.raises(ConfigError, match=bad.split("=")[0]):
+        load_config("configs/quickstart.yaml", [bad])
+    with pytest.raises(ConfigError, match="train.early_stop_patience"):
+        load_config("configs/quickstart.yaml", ["train.early_stop_patience=3"])  # needs eval_every
+
+
+@pytest.fixture(scope="module")
+def stopped(prepared_2500, tmp_path_factory):
+    run = tmp_path_factory.mktemp("early") / "run"
+    cfg = load_config("configs/quickstart.yaml", [
+        f"data.path={prepared_2500}", "train.steps=400", "train.learning_rate=0.03",
+        "train.embedding_learning_rate=0.1", f"train.eval_every={EVAL_EVERY}",
+        f"train.early_stop_patience={PATIENCE}", "train.checkpoint_every=1000", "eval.max_tasks=200"])
+    seen = []
+    summary = train(cfg, run, on_validation=lambda step, m: seen.append((step, m["auc"])))
+    return cfg, run, summary, seen
+
+
+def test_early_stopping_stops_and_keeps_the_best_step(stopped):
+    cfg, run, summary, seen = stopped
+    best = summary["best"]
+    assert summary["stopped_early"] and summary["last_step"] < cfg.train.steps, summary["last_step"]
+    assert best["metric"] == "auc"
+    assert summary["last_step"] == best["step"] + PATIENCE * EVAL_EVERY
+    values = dict(seen)
+    assert [s for s, _ in seen] == list(range(EVAL_EVERY, summary["last_step"] + 1, EVAL_EVERY))
+    assert values[best["step"]] == best["value"] == max(values.values())
+    assert all(v <= best["value"] for s, v in seen if s > best["step"])
+    # The run kept both: the best step's checkpoint and the one it stopped at.
+    ckpt_dir = run / "checkpoints"
+    assert json.loads((ckpt_dir / "best").read_text())["step"] == best["step"]
+    assert (ckpt_dir / "latest").read_text().strip() == f"ckpt-{summary['last_step']:08d}"
+
+
+def test_eval_uses_the_best_checkpoint(stopped):
+    cfg, run, summary, _ = stopped
+    run_cfg, model, ckpt = load_trained(run)
+    assert int(ckpt.step.numpy()) == summary["best"]["step"]
+    assert evaluate(model, run_cfg, "maml", "valid")["auc"] == pytest.approx(summary["best"]["value"], abs=1e-6)
+    r = CliRunner().invoke(cli, ["eval", "--run", str(run), "--checkpoint", "latest", "--split", "valid"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((run / "eval.json").read_text())["checkpoint"] == {"step": summary["last_step"], "which": "latest"}
+    r = CliRunner().invoke(cli, ["eval", "--run", str(run), "--checkpoint", "7"])
+    assert r.exit_code == 2 and "no complete checkpoint for step 7" in r.output
+
+
+def test_resuming_a_stopped_run_trains_nothing_more(stopped):
+    cfg, run, summary, _ = stopped
+    again = train(cfg, run)
+    assert again["start_step"] == again["last_step"] == summary["last_step"]
+    assert again["best"] == summary["best"]
+
+
+def test_pruning_keeps_the_best_checkpoint(stopped):
+    cfg, run, summary, _ = stopped
+    _, model, ckpt = load_trained(run)
+    keep = CheckpointManager(run / "checkpoints", model, *_optimizers(cfg), keep=1)
+    keep.save(summary["last_step"] + 1)
+    names = sorted(p.name for p in (run / "checkpoints").glob("ckpt-*"))
+    assert names == [f"ckpt-{summary['best']['step']:08d}", f"ckpt-{summary['last_step'] + 1:08d}"]
+
+
+def _optimizers(cfg):
+    from gmeta_tf.meta.optimizers import make_optimizers
+
+    return make_optimizers(cfg.train)
