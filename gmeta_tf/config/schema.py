@@ -177,9 +177,11 @@ class EvalConfig:
     item_feature: Optional[str] = None
     # Pseudo-samples at the global mean added to every item's training statistics:
     # (sum + k·global) / (n + k), so an item seen once barely moves away from the global mean.
-    baseline_shrinkage: float = 10.0
+    # The defaults sit at the flat optimum of the cold-user MAE on MovieLens latest-small (any
+    # k in 2..10 and user k in 0..5 is within 1%): a baseline deliberately left weak proves nothing.
+    baseline_shrinkage: float = 5.0
     # The same for a cold user's bias, fitted on its support set: sum(y − item) / (n_support + k).
-    baseline_user_shrinkage: float = 5.0
+    baseline_user_shrinkage: float = 2.0
     # Ranking view (p_at_5, ndcg_at_5): a rated query item is relevant when its rating is >= this
     # (clicks: label 1).
     relevance_threshold: float = 4.0

@@ -97,7 +97,10 @@ def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float,
     return labels, before, after
 
 
-def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None) -> Dict:
+def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None, *,
+             with_baselines: bool = True) -> Dict:
+    """The model's query metrics on ``split``'s tasks; ``with_baselines`` adds ``baselines`` (it
+    reads the train split's labels, which a repeated validation pass may want to skip)."""
     split = split or cfg.eval.split
     kind = model.kind
     if algo == "erm":
@@ -107,7 +110,8 @@ def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None) -
     schema = load_schema(cfg.data.path)
     item = baselines.item_feature(schema, cfg.eval.item_feature, cfg.data.path)  # fails before the long pass
     items: List[TaskItems] = []
-    labels, before, after = _collect(model, cfg, split, steps, lr, items=items, item=item)
+    labels, before, after = _collect(model, cfg, split, steps, lr, items=items if with_baselines else None,
+                                     item=item)
     result: Dict = {"algo": algo, "split": split, "tasks": len(labels),
                     "query_samples": int(sum(len(y) for y in labels))}
     threshold = cfg.eval.relevance_threshold
@@ -123,7 +127,8 @@ def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None) -
         result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
     result["adapt"] = {"steps": steps, "lr": lr, "params": cfg.meta.adapt}
     result["ranking"] = ranking.relevance_summary(kind, labels, threshold)
-    result.update(_baseline_results(cfg, schema, item, kind, labels, items))
+    if with_baselines:
+        result.update(_baseline_results(cfg, schema, item, kind, labels, items))
     return result
 
 
