@@ -5,6 +5,10 @@ needs the parameter servers and never writes a table: lookups are read-only and 
 score with a zero vector). MAML runs adapt with the trained inner loop (``meta.adapt``,
 ``meta.inner_lr``, ``meta.inner_steps`` or ``eval.adapt_steps``); ERM runs are scored as
 trained and, separately, fine-tuned on the support set (``*_finetune`` keys).
+
+Next to the model, the same users' query sets are scored by simple baselines fitted on the
+training split and the user's support set (``baselines``, see ``baselines.py``), and every scorer
+gets a ranking view per user (``p_at_5``, ``ndcg_at_5``, see ``ranking.py``).
 """
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
-from gmeta_tf.evaluation import metrics
+from gmeta_tf.evaluation import baselines, metrics, ranking
+from gmeta_tf.evaluation.baselines import TaskItems
 from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights
-from gmeta_tf.metaio.reader import make_dataset
+from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import predictions
 from gmeta_tf.model.sparse_features import lookup_batch
@@ -47,7 +52,27 @@ def query_predictions(model: DLRM, cfg: Config, batch: dict, *, steps: int, lr: 
     return before, score(fast)
 
 
-def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float):
+def _batch_items(batch: dict, item: Optional[str]) -> Dict[str, np.ndarray]:
+    """The numpy arrays ``_task_items`` slices (converted once per batch, not once per task)."""
+    out = {}
+    for which in ("support", "query"):
+        mask = batch[which]["mask"].numpy()
+        out[f"{which}_mask"] = mask > 0
+        out[f"{which}_items"] = batch[which]["cat"][item].numpy() if item else np.full(mask.shape, -1, np.int64)
+    out["support_labels"] = batch["support"]["label"].numpy().astype(np.float64)
+    return out
+
+
+def _task_items(arrays: Dict[str, np.ndarray], t: int) -> TaskItems:
+    """Task ``t``'s support (items, labels) and query items, masked exactly like its predictions."""
+    sup, qry = arrays["support_mask"][t], arrays["query_mask"][t]
+    return TaskItems(arrays["support_items"][t][sup], arrays["support_labels"][t][sup], arrays["query_items"][t][qry])
+
+
+def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float,
+             items: Optional[List[TaskItems]] = None, item: Optional[str] = None):
+    """Per task: query labels and predictions before/after adaptation; with ``items``, also
+    appends each task's ``TaskItems`` (feature ``item``) to it, for the baselines."""
     ds = make_dataset(cfg.data.path, split, cfg.data, training=False)
     fn = tf.function(lambda b: query_predictions(model, cfg, b, steps=steps, lr=lr,
                                                  adapt_set=cfg.meta.adapt))
@@ -59,28 +84,39 @@ def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float):
         tm = batch["task_mask"].numpy()
         mask = batch["query"]["mask"].numpy()
         y = batch["query"]["label"].numpy()
+        arrays = _batch_items(batch, item) if items is not None else None
         for t in np.flatnonzero(tm > 0):
             keep = mask[t] > 0
             labels.append(y[t][keep])
             before.append(b[t][keep])
             after.append(a[t][keep])
+            if items is not None:
+                items.append(_task_items(arrays, t))
             if cfg.eval.max_tasks and len(labels) >= cfg.eval.max_tasks:
                 return labels, before, after
     return labels, before, after
 
 
-def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None) -> Dict:
+def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None, *,
+             with_baselines: bool = True) -> Dict:
+    """The model's query metrics on ``split``'s tasks; ``with_baselines`` adds ``baselines`` (it
+    reads the train split's labels, which a repeated validation pass may want to skip)."""
     split = split or cfg.eval.split
     kind = model.kind
     if algo == "erm":
         steps, lr = cfg.eval.finetune_steps, cfg.eval.finetune_lr
     else:
         steps, lr = cfg.eval.adapt_steps or cfg.meta.inner_steps, cfg.meta.inner_lr
-    labels, before, after = _collect(model, cfg, split, steps, lr)
+    schema = load_schema(cfg.data.path)
+    item = baselines.item_feature(schema, cfg.eval.item_feature, cfg.data.path)  # fails before the long pass
+    items: List[TaskItems] = []
+    labels, before, after = _collect(model, cfg, split, steps, lr, items=items if with_baselines else None,
+                                     item=item)
     result: Dict = {"algo": algo, "split": split, "tasks": len(labels),
                     "query_samples": int(sum(len(y) for y in labels))}
-    no_adapt = metrics.compute(kind, labels, before)
-    adapted = metrics.compute(kind, labels, after)
+    threshold = cfg.eval.relevance_threshold
+    no_adapt = _score(kind, labels, before, threshold)
+    adapted = _score(kind, labels, after, threshold)
     if algo == "erm":
         result.update(no_adapt)
         result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
@@ -90,7 +126,28 @@ def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None) -
         result.update(adapted)
         result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
     result["adapt"] = {"steps": steps, "lr": lr, "params": cfg.meta.adapt}
+    result["ranking"] = ranking.relevance_summary(kind, labels, threshold)
+    if with_baselines:
+        result.update(_baseline_results(cfg, schema, item, kind, labels, items))
     return result
+
+
+def _score(kind: str, labels: List[np.ndarray], preds: List[np.ndarray], threshold: float) -> Dict:
+    return {**metrics.compute(kind, labels, preds), **ranking.ranking_metrics(kind, labels, preds, threshold)}
+
+
+def _baseline_results(cfg: Config, schema: dict, item: Optional[str], kind: str,
+                      labels: List[np.ndarray], items: List[TaskItems]) -> Dict:
+    """``baselines`` (name → the model's metric keys) and ``baseline_setup`` for eval.json."""
+    stats = baselines.train_item_stats(cfg.data.path, schema, item)
+    k_item, k_user = cfg.eval.baseline_shrinkage, cfg.eval.baseline_user_shrinkage
+    preds = baselines.predict(kind, stats, items, k_item, k_user, with_items=item is not None)
+    return {
+        "baselines": {name: _score(kind, labels, p, cfg.eval.relevance_threshold) for name, p in preds.items()},
+        "baseline_setup": {"item_feature": item, "shrinkage": k_item, "user_shrinkage": k_user,
+                           "train_samples": stats.samples, "train_items": int(stats.ids.size),
+                           "global_mean": stats.global_mean},
+    }
 
 
 def write_eval(run_dir: str | Path, result: Dict) -> str:

@@ -3,13 +3,33 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+RANKING_ROWS = ["p_at_5", "p_at_5_no_adapt", "p_at_5_finetune", "ndcg_at_5", "ndcg_at_5_no_adapt",
+                "ndcg_at_5_finetune"]
 CLICK_ROWS = ["tasks", "auc", "auc_no_adapt", "auc_finetune", "auc_pooled", "auc_pooled_no_adapt",
-              "logloss", "logloss_no_adapt", "logloss_finetune"]
-RATING_ROWS = ["tasks", "mae", "mae_no_adapt", "mae_finetune", "rmse", "rmse_no_adapt", "rmse_finetune"]
+              "logloss", "logloss_no_adapt", "logloss_finetune", *RANKING_ROWS]
+RATING_ROWS = ["tasks", "mae", "mae_no_adapt", "mae_finetune", "rmse", "rmse_no_adapt", "rmse_finetune",
+               *RANKING_ROWS]
+
+
+def _baseline_columns(results: List[Dict]) -> List[Dict]:
+    """One column per baseline, shaped like a result (its metrics plus the scored users).
+
+    Results on the same split share their baselines (same users, same training statistics),
+    so they are shown once, not once per model.
+    """
+    columns, seen = [], set()
+    for r in results:
+        for name, scores in (r.get("baselines") or {}).items():
+            if (name, r["split"], r.get("tasks")) not in seen:
+                seen.add((name, r["split"], r.get("tasks")))
+                columns.append({"algo": name, "split": r["split"], "tasks": r.get("tasks"), **scores})
+    return columns
 
 
 def format_table(results: List[Dict]) -> str:
+    """Models side by side, then the baselines scored on the same users (``-`` = not defined)."""
     rows = CLICK_ROWS if any("auc" in r for r in results) else RATING_ROWS
+    results = list(results) + _baseline_columns(results)
     header = ["metric"] + [f"{r['algo']} ({r['split']})" for r in results]
     lines = [header]
     for key in rows:
