@@ -9,7 +9,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVOD_VERSION := 0.28.1
 
-.PHONY: install test test-fast demo bench lint clean
+.PHONY: install test test-fast demo bench quality lint clean
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
 
 $(VENV)/bin/python:
@@ -44,6 +44,10 @@ demo: install
 
 bench: install
 	$(PY) -m bench.run
+
+# The MovieLens cold-start comparison (examples/movielens): model quality, not speed.
+quality: install
+	$(PY) examples/movielens/run.py --out runs/movielens --json bench/quality.json
 
 lint: install
 	$(VENV)/bin/ruff check gmeta_tf ps launch bench tests

@@ -33,13 +33,15 @@ def _grads(model, fn, batch):
 
 
 @pytest.mark.parametrize("kind", ["click", "rating"])
-@pytest.mark.parametrize("adapt", ["top", "dense", "dense+embedding"])
+@pytest.mark.parametrize("adapt", ["top", "dense", "dense+embedding", "head-newton"])
 @pytest.mark.parametrize("algo", ["maml", "fomaml"])
 def test_vectorized_matches_task_loop(algo, adapt, kind):
     schema = tiny_schema(kind)
     batch = random_batch(schema, T=T, seed=3, pad_tasks=1)
     model = _model(schema, batch)
-    meta = MetaConfig(algo=algo, inner_steps=2, inner_lr=0.3, adapt=adapt, embedding_inner_lr=0.5)
+    solver = {"inner_solver": "newton", "ridge_lambda": 2.0} if adapt == "head-newton" else {}
+    meta = MetaConfig(algo=algo, inner_steps=2, inner_lr=0.3, adapt=adapt.split("-")[0],
+                      embedding_inner_lr=0.5, **solver)
     loss_v, g_v = _grads(model, lambda b: maml_loss(model, meta, b), batch)
     references = [
         _grads(model, lambda b: maml_loss_task_loop(model, meta, b, T), batch),
@@ -98,3 +100,36 @@ def test_erm_loss_is_the_mean_sample_loss():
         m = batch[w]["mask"].numpy() > 0
         errs.append(((s - y) ** 2)[m])
     assert loss == pytest.approx(float(np.concatenate(errs).mean()), rel=1e-5)
+
+
+def test_newton_head_is_the_ridge_fit_of_each_task():
+    """One Newton step on the head for ratings is, per task, the ridge regression of the
+    support residuals on [hidden, 1] with penalty λ‖Δ‖² (numpy's lstsq on the stacked system)."""
+    from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights
+    from gmeta_tf.model.sparse_features import lookup_batch
+
+    schema = tiny_schema("rating")
+    batch = random_batch(schema, T=T, seed=5)
+    model = _model(schema, batch)
+    lam = 3.0
+    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=False, per_task=False)
+    adapted = model.adapted_names("head")
+    fast0 = initial_fast_weights(model, sparse, adapted, T)
+    fast = adapt(model, fast0, batch, adapted=adapted, steps=1, lr=0.0, adapt_embeddings=False,
+                 embedding_lr=0.0, second_order=False, solver="newton", ridge_lambda=lam)
+    s = batch["support"]
+    hidden = model.tower.hidden(fast0.dense, s["dense"], sparse.embed("support")).numpy()
+    base = model.tower.forward(fast0.dense, s["dense"], sparse.embed("support")).numpy()
+    y = model.scale_labels(s["label"]).numpy()
+    last = model.tower.head_layer
+    for t in range(T):
+        keep = s["mask"].numpy()[t] > 0
+        x = np.concatenate([hidden[t][keep], np.ones((keep.sum(), 1))], axis=1)
+        a = np.concatenate([x, np.sqrt(lam) * np.eye(x.shape[1])])
+        r = np.concatenate([(y[t] - base[t])[keep], np.zeros(x.shape[1])])
+        delta = np.linalg.lstsq(a, r, rcond=None)[0]
+        w0 = model.dense_variables[f"{last}/w"].numpy()[:, 0]
+        b0 = model.dense_variables[f"{last}/b"].numpy()[0]
+        np.testing.assert_allclose(fast.dense[f"{last}/w"].numpy()[t, :, 0], w0 + delta[:-1], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(fast.dense[f"{last}/b"].numpy()[t, 0], b0 + delta[-1], rtol=1e-4, atol=1e-5)
+        assert np.abs(delta).max() > 1e-3

@@ -103,3 +103,30 @@ def _optimizers(cfg):
     from gmeta_tf.meta.optimizers import make_optimizers
 
     return make_optimizers(cfg.train)
+
+
+def test_two_workers_and_two_ps_stop_early_at_the_same_step(prepared_2500, tmp_path):
+    """Rank 0 validates against the PS tables; every rank learns the verdict by broadcast, so
+    all ranks leave the loop after the same step and no rank waits forever at a barrier."""
+    from cluster_helpers import LAUNCH_ID_ENV, processes_with_env, rank_summaries, run_gmeta
+    import uuid
+
+    launch_id = uuid.uuid4().hex
+    run = tmp_path / "dist"
+    args = ["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "600",
+            "--config", "configs/quickstart.yaml", "--data", str(prepared_2500), "--out", str(run),
+            "--steps", "400"]
+    for s in ("data.tasks_per_batch=16", "train.learning_rate=0.03", "train.embedding_learning_rate=0.1",
+              f"train.eval_every={EVAL_EVERY}", "train.early_stop_patience=1", "train.checkpoint_every=1000",
+              "eval.max_tasks=150"):
+        args += ["--set", s]
+    r = run_gmeta(args, timeout=700, env={LAUNCH_ID_ENV: launch_id})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert processes_with_env(LAUNCH_ID_ENV, launch_id) == []
+    ranks = rank_summaries(run)
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert sorted(ranks) == [0, 1]
+    assert ranks[0]["stopped_early"] and ranks[1]["stopped_early"]
+    assert ranks[0]["last_step"] == ranks[1]["last_step"] == summary["best"]["step"] + EVAL_EVERY < 400
+    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
+    assert "early stop at step" in r.stdout

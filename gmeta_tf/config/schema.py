@@ -149,11 +149,26 @@ class MetaConfig:
     algo: Literal["maml", "fomaml", "erm"] = "maml"
     inner_steps: int = 1
     inner_lr: float = 0.1
-    adapt: Literal["top", "dense", "dense+embedding"] = "top"
+    # ``head``: the last layer only; ``top``: the top MLP; ``dense``: bottom + top MLP;
+    # ``dense+embedding``: also the task's own embedding rows.
+    adapt: Literal["head", "top", "dense", "dense+embedding"] = "top"
     embedding_inner_lr: float = 0.5
+    # How the inner loop moves the adapted weights. ``sgd``: ``inner_steps`` steps of
+    # ``inner_lr``. ``newton`` (needs adapt: head): ``inner_steps`` regularised Newton steps on
+    # the last layer, (XᵀWX + λI)⁻¹ Xᵀ(y − ŷ) over the support's last hidden features X; for
+    # ratings one step is the exact ridge-regression fit of a per-user head, and for a bias
+    # alone it is the shrunk mean residual of the item-mean + user-bias baseline, with λ the
+    # pseudo-count. It needs no learning rate and cannot overshoot.
+    inner_solver: Literal["sgd", "newton"] = "sgd"
+    ridge_lambda: float = 5.0
+    # newton: learn λ per head feature in the outer loop, starting from ``ridge_lambda``.
+    learn_ridge_lambda: bool = False
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, "meta.inner_steps", f"must be >= 1, got {self.inner_steps}")
+        _require(self.inner_solver == "sgd" or self.adapt == "head", "meta.inner_solver",
+                 f"'newton' fits the last layer only and needs meta.adapt: head, got {self.adapt!r}")
+        _require(self.ridge_lambda > 0, "meta.ridge_lambda", f"must be > 0, got {self.ridge_lambda}")
         _require(self.inner_lr > 0, "meta.inner_lr", f"must be > 0, got {self.inner_lr}")
         _require(self.embedding_inner_lr > 0, "meta.embedding_inner_lr", "must be > 0")
 

@@ -48,7 +48,7 @@ def query_predictions(model: DLRM, cfg: Config, batch: dict, *, steps: int, lr: 
     if steps > 0:
         fast = adapt(model, fast, batch, adapted=adapted, steps=steps, lr=lr,
                      adapt_embeddings=per_task, embedding_lr=cfg.meta.embedding_inner_lr,
-                     second_order=False)
+                     second_order=False, solver=cfg.meta.inner_solver, ridge_lambda=cfg.meta.ridge_lambda)
     return before, score(fast)
 
 

@@ -49,8 +49,12 @@ def task_losses(model: DLRM, fast: FastWeights, batch: dict, which: str) -> tf.T
 
 def adapt(model: DLRM, fast: FastWeights, batch: dict, *, adapted: Sequence[str], steps: int,
           lr: float, adapt_embeddings: bool, embedding_lr: float,
-          second_order: bool) -> FastWeights:
-    """Run ``steps`` inner SGD steps on the support set of every task in the batch."""
+          second_order: bool, solver: str = "sgd", ridge_lambda: float = 5.0) -> FastWeights:
+    """Run ``steps`` inner steps (SGD, or Newton on the head) on every task's support set."""
+    if solver == "newton":
+        for _ in range(steps):
+            fast = newton_head_step(model, fast, batch, ridge_lambda, second_order)
+        return fast
     for _ in range(steps):
         sources: List[tf.Tensor] = [fast.dense[n] for n in adapted]
         rows = fast.sparse.rows() if adapt_embeddings else []
@@ -72,3 +76,53 @@ def adapt(model: DLRM, fast: FastWeights, batch: dict, *, adapted: Sequence[str]
             sparse = sparse.with_rows(new_rows)
         fast = FastWeights(dense, sparse)
     return fast
+
+
+# The dense weight holding log λ per head feature (+ bias), learned in the outer loop like
+# Meta-SGD's per-parameter inner learning rates: how far each direction of a user's head may
+# move from the shared one. Added by ``add_ridge_prior`` when ``meta.learn_ridge_lambda``.
+RIDGE_PRIOR = "head/log_ridge_lambda"
+
+
+def add_ridge_prior(model: DLRM, lam: float) -> None:
+    """Give the tower a trainable per-feature λ, initialised to ``lam`` (a dense weight like any
+    other: averaged across ranks, checkpointed, exported)."""
+    width = int(model.dense_variables[f"{model.tower.head_layer}/w"].shape[0]) + 1
+    model.dense_variables[RIDGE_PRIOR] = tf.Variable(
+        tf.fill([width], tf.math.log(tf.constant(lam, tf.float32))), name="head_log_ridge_lambda")
+
+
+def newton_head_step(model: DLRM, fast: FastWeights, batch: dict, lam: float,
+                     second_order: bool) -> FastWeights:
+    """One regularised Newton step on every task's last layer, all tasks at once.
+
+    With X the support's last hidden features plus a constant, W the loss curvature (1 for
+    squared error, p(1 − p) for clicks) and r = y − ŷ: Δ = (XᵀWX + λI)⁻¹ Xᵀr, a batched
+    ``[T, H+1, H+1]`` solve. Padded samples are masked out of X, so they add nothing. The
+    solve is differentiable: with ``second_order`` the outer gradient reaches the hidden
+    features (and through them every lower weight and embedding), as in MAML.
+    """
+    part = batch["support"]
+    hidden = model.tower.hidden(fast.dense, part["dense"], fast.sparse.embed("support"))  # [T, S, H]
+    last = model.tower.head_layer
+    w, b = fast.dense[f"{last}/w"], fast.dense[f"{last}/b"]  # [T, H, 1], [T, 1] (adapted: tiled)
+    scores = model.tower.head(fast.dense, hidden)
+    labels = model.scale_labels(part["label"])
+    mask = part["mask"]
+    if model.kind == "click":
+        p = tf.sigmoid(scores)
+        residual, curvature = labels - p, p * (1.0 - p)
+    else:
+        residual, curvature = labels - scores, tf.ones_like(scores)
+    x = tf.concat([hidden, tf.ones_like(hidden[..., :1])], axis=-1) * mask[..., None]  # [T, S, H+1]
+    if not second_order:  # first order: no gradient through the support's features
+        x, curvature, residual = (tf.stop_gradient(v) for v in (x, curvature, residual))
+    prior = fast.dense.get(RIDGE_PRIOR)  # learned per-feature λ (log), when the model has one
+    lam_vec = tf.exp(prior) if prior is not None else lam * tf.ones(tf.shape(x)[-1:], x.dtype)
+    gram = tf.matmul(x * curvature[..., None], x, transpose_a=True) + tf.linalg.diag(lam_vec)
+    rhs = tf.matmul(x, (residual * mask)[..., None], transpose_a=True)  # [T, H+1, 1]
+    delta = tf.linalg.solve(gram, rhs)
+    dense = dict(fast.dense)
+    dense[f"{last}/w"] = w + delta[:, :-1, :]
+    dense[f"{last}/b"] = b + delta[:, -1, :]
+    return FastWeights(dense, fast.sparse)

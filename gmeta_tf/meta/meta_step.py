@@ -38,7 +38,7 @@ def maml_loss(model: DLRM, meta: MetaConfig, batch: dict) -> tf.Tensor:
     fast = initial_fast_weights(model, sparse, adapted, num_tasks)
     fast = adapt(model, fast, batch, adapted=adapted, steps=meta.inner_steps, lr=meta.inner_lr,
                  adapt_embeddings=per_task, embedding_lr=meta.embedding_inner_lr,
-                 second_order=meta.algo == "maml")
+                 second_order=meta.algo == "maml", solver=meta.inner_solver, ridge_lambda=meta.ridge_lambda)
     q = task_losses(model, fast, batch, "query")
     tm = batch["task_mask"]
     return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0) + embedding_penalty(model, sparse, batch)

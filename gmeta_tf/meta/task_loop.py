@@ -44,7 +44,8 @@ def maml_loss_task_loop(model: DLRM, meta: MetaConfig, batch: dict, num_tasks: i
         fast = FastWeights(dict(model.dense_variables), _task_sparse(sparse, t))
         fast = adapt(model, fast, sub, adapted=adapted, steps=meta.inner_steps, lr=meta.inner_lr,
                      adapt_embeddings=adapts_embeddings(meta), embedding_lr=meta.embedding_inner_lr,
-                     second_order=meta.algo == "maml")
+                     second_order=meta.algo == "maml", solver=meta.inner_solver,
+                     ridge_lambda=meta.ridge_lambda)
         total += task_losses(model, fast, sub, "query")[0] * batch["task_mask"][t]
     return total / tf.maximum(tf.reduce_sum(batch["task_mask"]), 1.0)
 
@@ -73,7 +74,8 @@ def maml_loss_task_while_loop(model: DLRM, meta: MetaConfig, batch: dict) -> tf.
         fast = adapt(model, FastWeights(dense, task_sparse), sub, adapted=adapted,
                      steps=meta.inner_steps, lr=meta.inner_lr,
                      adapt_embeddings=adapts_embeddings(meta), embedding_lr=meta.embedding_inner_lr,
-                     second_order=meta.algo == "maml")
+                     second_order=meta.algo == "maml", solver=meta.inner_solver,
+                     ridge_lambda=meta.ridge_lambda)
         return t + 1, total + task_losses(model, fast, sub, "query")[0] * batch["task_mask"][t]
 
     _, total = tf.while_loop(lambda t, _: t < num_tasks, body, (tf.constant(0), tf.constant(0.0)))

@@ -70,12 +70,29 @@ class DenseTower:
             np.zeros(fan_out, np.float32), name=f"{name}/b".replace("/", "_"))
 
     def names(self, which: str) -> List[str]:
-        """Weight names adapted in the inner loop: ``top`` or ``dense`` (bottom + top)."""
-        layers = self.top_layers if which == "top" else self.bottom_layers + self.top_layers
+        """Weight names adapted in the inner loop: ``head`` (the last layer), ``top`` or
+        ``dense`` (bottom + top)."""
+        if which == "head":
+            layers = self.top_layers[-1:]
+        else:
+            layers = self.top_layers if which == "top" else self.bottom_layers + self.top_layers
         return [f"{layer}/{p}" for layer in layers for p in ("w", "b")]
+
+    @property
+    def head_layer(self) -> str:
+        return self.top_layers[-1]
 
     def forward(self, params: Params, dense: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
         """``dense [T, N, Dd]``, ``emb [T, N, F, D]`` → scores ``[T, N]``."""
+        return self.head(params, self.hidden(params, dense, emb))
+
+    def head(self, params: Params, hidden: tf.Tensor) -> tf.Tensor:
+        """The last layer: ``hidden [T, N, H]`` → scores ``[T, N]``."""
+        last = self.head_layer
+        return _linear(hidden, params[f"{last}/w"], params[f"{last}/b"])[:, :, 0]
+
+    def hidden(self, params: Params, dense: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
+        """Everything but the last layer: the features a per-task head is fitted on ``[T, N, H]``."""
         vecs = [emb[:, :, f, :] for f in range(self.n_sparse)]
         bottom = None
         if self.n_dense > 0:
@@ -97,8 +114,6 @@ class DenseTower:
         else:
             shape = tf.shape(v)
             x = tf.reshape(v, [shape[0], shape[1], self._n_vec * self.cfg.embedding_dim])
-        for i, layer in enumerate(self.top_layers):
-            x = _linear(x, params[f"{layer}/w"], params[f"{layer}/b"])
-            if i < len(self.top_layers) - 1:
-                x = tf.nn.relu(x)
-        return x[:, :, 0]
+        for layer in self.top_layers[:-1]:
+            x = tf.nn.relu(_linear(x, params[f"{layer}/w"], params[f"{layer}/b"]))
+        return x

@@ -70,7 +70,7 @@ class DLRM:
         return scores * self.label_std + self.label_mean
 
     def adapted_names(self, adapt: str) -> Sequence[str]:
-        return self.tower.names("top" if adapt == "top" else "dense")
+        return self.tower.names(adapt if adapt in ("head", "top") else "dense")
 
     def storage_tables(self) -> List[EmbeddingTable]:
         """The TFRA tables themselves (a column-split table is several): train, save, size these."""

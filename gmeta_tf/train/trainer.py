@@ -57,8 +57,13 @@ class Runtime:
 
 
 def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
-    return DLRM(cfg.model, schema, namespace=rt.namespace, ps_tasks=rt.ps_tasks,
-                placement=rt.placement, bp_v2=rt.bp_v2)
+    model = DLRM(cfg.model, schema, namespace=rt.namespace, ps_tasks=rt.ps_tasks,
+                 placement=rt.placement, bp_v2=rt.bp_v2)
+    if cfg.meta.inner_solver == "newton" and cfg.meta.learn_ridge_lambda:
+        from gmeta_tf.meta.inner_loop import add_ridge_prior
+
+        add_ridge_prior(model, cfg.meta.ridge_lambda)
+    return model
 
 
 def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: str):

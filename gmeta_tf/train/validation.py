@@ -80,4 +80,4 @@ def validate(model, cfg: Config) -> Dict:
     """The valid split's metrics, computed by ``gmeta eval``'s own function."""
     from gmeta_tf.evaluation.evaluate import evaluate
 
-    return evaluate(model, cfg, cfg.meta.algo, split="valid")
+    return evaluate(model, cfg, cfg.meta.algo, split="valid", with_baselines=False)
