@@ -10,6 +10,7 @@ from gmeta_tf.cli.launch_cmd import launch
 from gmeta_tf.cli.plan_cmd import plan_group
 from gmeta_tf.cli.ps_cmd import ps_group
 from gmeta_tf.cli.train_cmd import eval_cmd, train
+from gmeta_tf.cli.tune_cmd import tune
 from gmeta_tf.demo import demo
 
 
@@ -22,6 +23,7 @@ def cli():
 cli.add_command(data)
 cli.add_command(train)
 cli.add_command(eval_cmd)
+cli.add_command(tune)
 cli.add_command(demo)
 cli.add_command(ps_group)
 cli.add_command(launch)

@@ -1,0 +1,1 @@
+"""``gmeta tune``: Optuna search over config keys, scored on the valid split."""
