@@ -11,11 +11,10 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from gmeta_tf.cli.common import build_config
 from gmeta_tf.cli.main import cli
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import PrepareConfig
-from gmeta_tf.tune.space import SpaceError, load_space, parse_space, validate_against_config, yaml_text
+from gmeta_tf.tune.space import SpaceError, config_builder, load_space, parse_space, validate_against_config
 from gmeta_tf.tune.study import StudyMismatchError, make_pruner, open_study, run_study, trial_records
 
 TARGET = 0.03
@@ -89,8 +88,7 @@ def test_sqlite_study_resumes_and_reruns_an_abandoned_trial(tmp_path):
 # ------------------------------------------------------------------ the space file
 
 
-def _build(extra):
-    return build_config(None, [], {k: yaml_text(v) for k, v in extra.items()})
+_build = config_builder(None, [])
 
 
 def _space_file(tmp_path, text):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from gmeta_tf.cli.common import build_config, config_options, friendly_errors
+from gmeta_tf.cli.common import config_options, friendly_errors
 
 
 @click.command("tune")
@@ -29,16 +29,13 @@ def tune(config_path, overrides, data, space_path, trials, out, seed, timeout):
     best trial: train it with 'gmeta train --config OUT/best.yaml'. Re-running with the same
     OUT resumes the study (OUT/study.db).
     """
+    from gmeta_tf.tune.space import config_builder
     from gmeta_tf.tune.run import TuneRequest, format_trials
     from gmeta_tf.tune.run import tune as run_tune
     from gmeta_tf.tune.space import load_space
 
     space = load_space(space_path)
-    base_sets = (*overrides, *((f"data.path={data}",) if data else ()))
-
-    def build(extra):
-        return build_config(config_path, base_sets, extra)
-
+    build = config_builder(config_path, [*overrides, *([f"data.path={data}"] if data else [])])
     req = TuneRequest(build=build, space=space, out=out, trials=trials, seed=seed, timeout=timeout)
     result = run_tune(req, log=lambda m: click.echo(m))
     click.echo(format_trials(result, [p.key for p in space.params]))

@@ -14,10 +14,7 @@ import optuna
 from gmeta_tf import storage
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import UserError
-from gmeta_tf.tune.space import METRIC_DIRECTIONS, yaml_text
-
-# (config overrides {dotted key: value}) -> Config, through the real loader
-BuildConfig = Callable[[Dict[str, Any]], Config]
+from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig
 
 
 class TuneConfigError(UserError):
@@ -41,9 +38,9 @@ def require_validation(cfg: Config, where: str = "") -> None:
                               f"the valid split, so it must be > 0 (e.g. --set train.eval_every=50)")
 
 
-def trial_overrides(params: Dict[str, Any], metric: str) -> Dict[str, str]:
-    """A trial's keys as ``--set`` values (YAML text), with the metric its best step is kept by."""
-    return {**{k: yaml_text(v) for k, v in params.items()}, "train.best_metric": metric}
+def trial_overrides(params: Dict[str, Any], metric: str) -> Dict[str, Any]:
+    """A trial's keys, with the metric its best step is kept by."""
+    return {**params, "train.best_metric": metric}
 
 
 def trial_dir(out: str, number: int) -> str:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from gmeta_tf.config.loader import load_config
+from gmeta_tf.config.schema import Config, ConfigError
 from gmeta_tf.errors import UserError
 
 METRIC_DIRECTIONS = {"mae": "minimize", "rmse": "minimize", "logloss": "minimize",
@@ -195,11 +197,20 @@ def load_space(path: str | Path) -> SearchSpace:
     return parse_space(raw, str(path))
 
 
-def validate_against_config(space: SearchSpace, build) -> None:
-    """Apply every key's sample values through ``build(overrides) -> Config`` (the real loader):
-    an unknown key or a value the schema rejects is a ``SpaceError`` naming the key and file."""
-    from gmeta_tf.config.schema import ConfigError
+# (config overrides {dotted key: value}) -> Config, through the real loader
+BuildConfig = Callable[[Dict[str, Any]], Config]
 
+
+def config_builder(config_path: Optional[str], sets: Sequence[str]) -> BuildConfig:
+    """``--config`` and ``--set`` items, then a trial's values as more ``--set`` items: the path
+    every command's config takes (``cli.common.build_config``), so the same checks apply."""
+    sets = list(sets)
+    return lambda extra: load_config(config_path, sets + [f"{k}={yaml_text(v)}" for k, v in extra.items()])
+
+
+def validate_against_config(space: SearchSpace, build: BuildConfig) -> None:
+    """Apply every key's sample values through ``build`` (the real loader): an unknown key or
+    a value the schema rejects is a ``SpaceError`` naming the key and file."""
     for p in space.params:
         for value in p.samples():
             try:
