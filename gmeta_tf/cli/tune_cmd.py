@@ -29,10 +29,9 @@ def tune(config_path, overrides, data, space_path, trials, out, seed, timeout):
     best trial: train it with 'gmeta train --config OUT/best.yaml'. Re-running with the same
     OUT resumes the study (OUT/study.db).
     """
-    from gmeta_tf.tune.space import config_builder
     from gmeta_tf.tune.run import TuneRequest, format_trials
     from gmeta_tf.tune.run import tune as run_tune
-    from gmeta_tf.tune.space import load_space
+    from gmeta_tf.tune.space import config_builder, load_space
 
     space = load_space(space_path)
     build = config_builder(config_path, [*overrides, *([f"data.path={data}"] if data else [])])
@@ -43,4 +42,5 @@ def tune(config_path, overrides, data, space_path, trials, out, seed, timeout):
         click.echo(f"no trial completed; see {out}/trials.json", err=True)
         raise SystemExit(1)
     click.echo(f"best: trial {result.best['number']}, valid {result.metric} {result.best['value']:.4f} "
-               f"at step {result.best['best_step']}; wrote {result.best_config}")
+               f"at step {result.best['best_step']}; wrote {result.best_config} "
+               f"(train it: gmeta train --config {result.best_config} --out RUN_DIR)")

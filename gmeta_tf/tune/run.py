@@ -17,8 +17,13 @@ import optuna
 
 from gmeta_tf import storage
 from gmeta_tf.config.loader import config_to_dict, dump_config
-from gmeta_tf.tune.objective import (TrainingObjective, TuneConfigError, require_validation, resolve_metric,
-                                     trial_overrides)
+from gmeta_tf.tune.objective import (
+    TrainingObjective,
+    TuneConfigError,
+    require_validation,
+    resolve_metric,
+    trial_overrides,
+)
 from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig, SearchSpace, validate_against_config
 from gmeta_tf.tune.study import best_trial, make_pruner, open_study, run_study, trial_records
 
