@@ -237,3 +237,25 @@ def test_shipped_space_fits_the_shipped_config():
     space = load_space("configs/tune_space.yaml")
     validate_against_config(space, config_builder("configs/quickstart.yaml", []))
     assert space.metric is None and "meta.inner_lr" in [p.key for p in space.params]
+
+
+class _PruneAtOnce(optuna.pruners.BasePruner):
+    def prune(self, study, trial):
+        return True
+
+
+def test_training_trial_is_pruned_at_its_first_validation(tiny_data, tmp_path):
+    """The trainer's validation hook reports to the trial; a prune stops training there."""
+    from gmeta_tf.tune.objective import TrainingObjective
+
+    build = config_builder("configs/quickstart.yaml", [f"data.path={tiny_data}", *TINY_RUN])
+    objective = TrainingObjective(build, str(tmp_path), "auc", log=lambda m: None)
+    space = parse_space({"space": {"meta.inner_lr": {"low": 0.1, "high": 0.5}}})
+    study = run_study(objective, space, n_trials=1, seed=0, direction="maximize", pruner=_PruneAtOnce())
+    (trial,) = study.trials
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert list(trial.intermediate_values) == [5] and trial.user_attrs["best_step"] == 5
+    run = tmp_path / "trials" / "trial-000"
+    assert load_config(run / "config.yaml").meta.inner_lr == trial.params["meta.inner_lr"]
+    saved = [p.name for p in (run / "checkpoints").glob("ckpt-*")]
+    assert "ckpt-00000010" not in saved  # stopped at step 5 of 10
