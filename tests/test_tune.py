@@ -259,3 +259,16 @@ def test_training_trial_is_pruned_at_its_first_validation(tiny_data, tmp_path):
     assert load_config(run / "config.yaml").meta.inner_lr == trial.params["meta.inner_lr"]
     saved = [p.name for p in (run / "checkpoints").glob("ckpt-*")]
     assert "ckpt-00000010" not in saved  # stopped at step 5 of 10
+
+
+def test_metric_must_fit_the_labels():
+    from gmeta_tf.tune.objective import TuneConfigError, resolve_metric
+
+    cfg = _build({})
+    assert resolve_metric(None, cfg, "rating") == "mae" and resolve_metric(None, cfg, "click") == "auc"
+    assert resolve_metric("ndcg_at_5", cfg, "click") == "ndcg_at_5"
+    with pytest.raises(TuneConfigError, match="mae is a metric of rating data"):
+        resolve_metric("mae", cfg, "click")
+    cfg.train.best_metric = "auc_pooled"  # a result key with no direction known to tune
+    with pytest.raises(TuneConfigError, match="train.best_metric"):
+        resolve_metric(None, cfg, "click")

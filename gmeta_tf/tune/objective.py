@@ -16,6 +16,8 @@ from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import UserError
 from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig
 
+KIND_ONLY_METRICS = {"mae": "rating", "rmse": "rating", "auc": "click", "logloss": "click"}
+
 
 class TuneConfigError(UserError):
     """The config cannot be tuned as given (no validation to score trials on, unknown metric)."""
@@ -29,6 +31,10 @@ def resolve_metric(spec_metric: str | None, cfg: Config, label_kind: str) -> str
     if name not in METRIC_DIRECTIONS:
         raise TuneConfigError(f"config key 'train.best_metric': gmeta tune needs one of "
                               f"{', '.join(METRIC_DIRECTIONS)} or auto, got {name!r}")
+    if name in KIND_ONLY_METRICS and KIND_ONLY_METRICS[name] != label_kind:
+        source = "the search space's metric" if spec_metric else "config key 'train.best_metric'"
+        raise TuneConfigError(f"{source}: {name} is a metric of {KIND_ONLY_METRICS[name]} data, "
+                              f"but {cfg.data.path} has {label_kind} labels")
     return name
 
 
