@@ -21,11 +21,14 @@ from gmeta_tf.config.schema import Config, metric_direction
 OnValidation = Callable[[int, Dict], None]
 
 
+def auto_metric(kind: str) -> str:
+    """What ``auto`` means: the headline metric of the label kind."""
+    return "mae" if kind == "rating" else "auc"
+
+
 def resolve_metric(cfg: Config, kind: str) -> str:
     """``train.best_metric`` with ``auto`` made concrete for the data's label kind."""
-    if cfg.train.best_metric != "auto":
-        return cfg.train.best_metric
-    return "mae" if kind == "rating" else "auc"
+    return auto_metric(kind) if cfg.train.best_metric == "auto" else cfg.train.best_metric
 
 
 @dataclass

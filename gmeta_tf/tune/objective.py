@@ -14,6 +14,7 @@ import optuna
 from gmeta_tf import storage
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import UserError
+from gmeta_tf.train.validation import auto_metric
 from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig
 
 KIND_ONLY_METRICS = {"mae": "rating", "rmse": "rating", "auc": "click", "logloss": "click"}
@@ -27,7 +28,7 @@ def resolve_metric(spec_metric: str | None, cfg: Config, label_kind: str) -> str
     """The space's metric, else ``train.best_metric``; ``auto`` = mae for ratings, auc for clicks."""
     name = spec_metric or cfg.train.best_metric
     if name == "auto":
-        return "mae" if label_kind == "rating" else "auc"
+        return auto_metric(label_kind)
     if name not in METRIC_DIRECTIONS:
         raise TuneConfigError(f"config key 'train.best_metric': gmeta tune needs one of "
                               f"{', '.join(METRIC_DIRECTIONS)} or auto, got {name!r}")

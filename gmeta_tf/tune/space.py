@@ -16,10 +16,11 @@ import yaml
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import Config, ConfigError
+from gmeta_tf.config.schema import METRIC_DIRECTIONS as SCHEMA_DIRECTIONS
 from gmeta_tf.errors import UserError
 
-METRIC_DIRECTIONS = {"mae": "minimize", "rmse": "minimize", "logloss": "minimize",
-                     "auc": "maximize", "p_at_5": "maximize", "ndcg_at_5": "maximize"}
+# Optuna's direction for each metric that can pick a best step (one table: config.schema).
+METRIC_DIRECTIONS = {m: ("minimize" if d < 0 else "maximize") for m, d in SCHEMA_DIRECTIONS.items()}
 
 
 class SpaceError(UserError):
