@@ -108,8 +108,9 @@ def _optimizers(cfg):
 def test_two_workers_and_two_ps_stop_early_at_the_same_step(prepared_2500, tmp_path):
     """Rank 0 validates against the PS tables; every rank learns the verdict by broadcast, so
     all ranks leave the loop after the same step and no rank waits forever at a barrier."""
-    from cluster_helpers import LAUNCH_ID_ENV, processes_with_env, rank_summaries, run_gmeta
     import uuid
+
+    from cluster_helpers import LAUNCH_ID_ENV, processes_with_env, rank_summaries, run_gmeta
 
     launch_id = uuid.uuid4().hex
     run = tmp_path / "dist"

@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 import yaml
 
 from gmeta_tf.config.loader import load_config
-from gmeta_tf.config.schema import Config, ConfigError
 from gmeta_tf.config.schema import METRIC_DIRECTIONS as SCHEMA_DIRECTIONS
+from gmeta_tf.config.schema import Config, ConfigError
 from gmeta_tf.errors import UserError
 
 # Optuna's direction for each metric that can pick a best step (one table: config.schema).
