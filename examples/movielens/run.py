@@ -104,7 +104,8 @@ def run(out: Path, overrides: Sequence[str] = (), log: Callable[[str], None] = p
         result = evaluate(model, cfg_run, algo, "test")
         write_eval(run_dir, result)
         evals[name] = result
-        table[name] = {**_metrics(result, suffix), "best_step": (summary.get("best") or {}).get("step")}
+        best = summary.get("best") or {}
+        table[name] = {**_metrics(result, suffix), "best_step": best.get("step"), "valid_mae": best.get("value")}
     baselines = evals["maml"].get("baselines", {})
     for b in BASELINES:
         if b in baselines:
@@ -127,8 +128,14 @@ def format_quality(report: Dict) -> str:
     return f"cold test users: {report['users']}\n{body}"
 
 
-def gain_over_best_baseline(report: Dict, model: str = "maml") -> float:
-    """Relative MAE gain of ``model`` over the better of item mean + user bias and ERM fine-tuned."""
+def meta_learner(report: Dict) -> str:
+    """The meta-learned model to ship: MAML or first-order MAML, whichever is better on VALID."""
+    return min(("maml", "fomaml"), key=lambda n: report[n]["valid_mae"])
+
+
+def gain_over_best_baseline(report: Dict, model: str) -> float:
+    """Relative test MAE gain of ``model`` over the better of item mean + user bias and ERM
+    fine-tuned (the better one on test: the comparison is not flattered)."""
     ref = min(report["item_mean_user_bias"]["mae"], report["erm_finetune"]["mae"])
     return 1.0 - report[model]["mae"] / ref
 
@@ -140,9 +147,11 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     a = p.parse_args(argv)
     report = run(a.out, a.overrides)
-    report["maml_mae_gain_vs_best_baseline"] = gain_over_best_baseline(report)
-    print(f"MAML MAE vs the better of item mean + user bias and ERM fine-tuned: "
-          f"{report['maml_mae_gain_vs_best_baseline']:+.1%} (target: at least +3%)")
+    chosen = meta_learner(report)
+    report["meta_learner"] = chosen
+    report["mae_gain_vs_best_baseline"] = gain_over_best_baseline(report, chosen)
+    print(f"{chosen} (chosen on valid) MAE gain over the better of item mean + user bias and ERM "
+          f"fine-tuned: {report['mae_gain_vs_best_baseline']:+.1%} (target: at least +3%)")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(report, indent=1))
