@@ -59,7 +59,7 @@ class Runtime:
 def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
     model = DLRM(cfg.model, schema, namespace=rt.namespace, ps_tasks=rt.ps_tasks,
                  placement=rt.placement, bp_v2=rt.bp_v2)
-    if cfg.meta.inner_solver == "newton" and cfg.meta.learn_ridge_lambda:
+    if cfg.meta.inner_solver == "newton" and cfg.meta.learn_ridge_lambda and cfg.meta.algo != "erm":
         from gmeta_tf.meta.inner_loop import add_ridge_prior
 
         add_ridge_prior(model, cfg.meta.ridge_lambda)
