@@ -1,0 +1,98 @@
+"""The fault-injection suite (``pytest -m faults`` or ``pytest tests/faults``).
+
+Every test here injects one fault (kill -9, SIGSTOP, a damaged file, a full disk, bad input)
+and asserts that the next command either resumes to the same result or fails with one line
+that names what to do. The ``no_orphans`` fixture proves no process a test started survives it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import List
+
+import pytest
+from cluster_helpers import processes_with_env
+
+FAULT_ENV = "GMETA_FAULT_TEST"  # on every process a fault test starts, through the environment
+_PROJECT = (b"gmeta", b"ps serve", b"horovod")
+ORPHAN_GRACE_S = 30.0  # a PS notices a dead launcher within a second; give slow boxes room
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.faults)
+
+
+def project_processes(tag: str) -> List[int]:
+    """Live processes started under this test (tagged env) that belong to the project."""
+    out = []
+    for pid in processes_with_env(FAULT_ENV, tag):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if not zombie and any(p in cmd for p in _PROJECT):
+            out.append(pid)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_orphans(monkeypatch):
+    """Fail the test if any project process it started is still running after it."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(FAULT_ENV, tag)
+    yield tag
+    deadline = time.monotonic() + ORPHAN_GRACE_S
+    left = project_processes(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = project_processes(tag)
+    if left:
+        cmds = {}
+        for pid in left:
+            try:
+                cmds[pid] = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")[:120]
+                os.kill(pid, signal.SIGKILL)  # clean up, then fail
+            except OSError:
+                pass
+        pytest.fail(f"processes outlived the test: {cmds}")
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """300 synthetic users prepared into 2 shards: enough for 2 workers, seconds to train."""
+    from gmeta_tf.config.schema import PrepareConfig
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    root = tmp_path_factory.mktemp("faults_data")
+    synth(str(root / "raw"), tasks=300, seed=3, rows_per_file=10000)
+    cfg = PrepareConfig(query=4, max_support=8, min_task_size=12, valid_frac=0.1, test_frac=0.2,
+                        shards=2, seed=0)
+    prepare([str(root / "raw")], str(root / "prepared"), cfg)
+    return root / "prepared"
+
+
+TINY_SETS = ["data.tasks_per_batch=8", "data.support=8", "data.query=4", "data.shuffle_buffer=64",
+             "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]", "train.log_every=10",
+             "train.checkpoint_every=10", "train.keep_checkpoints=5", "cluster.table_create_settle_s=1"]
+
+
+@pytest.fixture
+def tiny_args(tiny_data):
+    """``gmeta train`` arguments for a small, fast run (add --out and --steps)."""
+    def args(*extra: str) -> List[str]:
+        out = ["--data", str(tiny_data)]
+        for s in [*TINY_SETS, *extra]:
+            out += ["--set", s]
+        return out
+    return args
