@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from cluster_helpers import processes_with_env
+from fault_helpers import FAULT_ENV, TINY_SETS, project_processes
 
-FAULT_ENV = "GMETA_FAULT_TEST"  # on every process a fault test starts, through the environment
-_PROJECT = (b"gmeta", b"ps serve", b"horovod")
 ORPHAN_GRACE_S = 30.0  # a PS notices a dead launcher within a second; give slow boxes room
 
 HERE = Path(__file__).parent
@@ -27,22 +25,6 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.faults)
-
-
-def project_processes(tag: str) -> List[int]:
-    """Live processes started under this test (tagged env) that belong to the project."""
-    out = []
-    for pid in processes_with_env(FAULT_ENV, tag):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ")
-            with open(f"/proc/{pid}/stat") as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if not zombie and any(p in cmd for p in _PROJECT):
-            out.append(pid)
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -82,9 +64,6 @@ def tiny_data(tmp_path_factory) -> Path:
     return root / "prepared"
 
 
-TINY_SETS = ["data.tasks_per_batch=8", "data.support=8", "data.query=4", "data.shuffle_buffer=64",
-             "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]", "train.log_every=10",
-             "train.checkpoint_every=10", "train.keep_checkpoints=5", "cluster.table_create_settle_s=1"]
 
 
 @pytest.fixture
