@@ -9,6 +9,8 @@ dropped and everything else is passed through unchanged.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import io
 import logging
 import os
@@ -37,11 +39,9 @@ def _pass_through(text: str, stream) -> None:
         stream.flush()
 
 
-def import_tensorflow() -> None:
-    """Import TF and TFRA with their known start-up noise filtered; idempotent."""
-    logging.getLogger("tensorflow").addFilter(_DropNoise())
-    if "tensorflow_recommenders_addons.dynamic_embedding" in sys.modules:
-        return
+@contextlib.contextmanager
+def _filtered_output():
+    """Capture fd 2 (C++ logs) and Python's stdout (TFRA's print) and pass on all but noise."""
     sys.stderr.flush()
     saved = os.dup(2)
     out = io.StringIO()
@@ -49,11 +49,48 @@ def import_tensorflow() -> None:
         os.dup2(err.fileno(), 2)
         try:
             with contextlib.redirect_stdout(out):
-                import tensorflow  # noqa: F401
-                import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401
+                yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             err.seek(0)
             _pass_through(err.read().decode("utf-8", "replace"), sys.stderr)
             _pass_through(out.getvalue(), sys.stdout)
+
+
+class _QuietLoader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        with _filtered_output():
+            self._loader.exec_module(module)
+
+
+class _QuietFinder(importlib.abc.MetaPathFinder):
+    """Wraps the first import of TF / TFRA in ``_filtered_output``; commands that never import
+    TF (``gmeta --help``, ``data prepare``) pay nothing."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _NOISY:
+            return None
+        _NOISY.discard(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+_NOISY = {"tensorflow", "tensorflow_recommenders_addons"}
+
+
+def install() -> None:
+    """Filter TF's and TFRA's known start-up noise from here on; idempotent."""
+    logger = logging.getLogger("tensorflow")
+    if not any(isinstance(f, _DropNoise) for f in logger.filters):
+        logger.addFilter(_DropNoise())
+    if not any(isinstance(f, _QuietFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietFinder())

@@ -1,6 +1,6 @@
-"""The ``gmeta`` command line. Importing it imports TensorFlow once, with its start-up noise
-filtered (``gmeta_tf.quiet``), before any sub-command module does."""
+"""The ``gmeta`` command line. TensorFlow's start-up noise is filtered for every command
+(``gmeta_tf.quiet``), whenever a command first imports it."""
 import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS first)
-from gmeta_tf.quiet import import_tensorflow
+from gmeta_tf import quiet
 
-import_tensorflow()
+quiet.install()
