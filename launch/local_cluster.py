@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from gmeta_tf.errors import ClusterError
+from gmeta_tf.quiet import NOISE
 
 LAUNCH_ID_ENV = "GMETA_LAUNCH_ID"  # set on every child, so tests can prove none outlives a launch
 LAUNCHER_PID_ENV = "GMETA_LAUNCHER_PID"  # a PS started by a launcher exits when this pid is gone
@@ -105,6 +106,8 @@ class LocalCluster:
         def pump():
             for line in proc.stdout:
                 line = line.rstrip("\n")
+                if NOISE.search(line):  # TF start-up chatter of horovodrun and the ranks
+                    continue
                 child.lines.append(line)
                 if len(child.lines) > 2000:
                     del child.lines[:1000]

@@ -108,19 +108,28 @@ def _launch_argv(tiny_data, run, steps=40):
             "--data", str(tiny_data), "--out", str(run), "--steps", str(steps), *_sets()]
 
 
+def _complete_steps(run):
+    return sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
+
+
+def _cmd(pid) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
 def test_cluster_faults_in_sequence(tiny_data, tmp_path, no_orphans):
-    """One run through four faults, each at a seeded point after a checkpoint, then a clean
-    finish: SIGHUP and kill -9 of the launcher (every child must die with it), kill -9 of the PS
-    and of worker rank 1 (each named, with what to do); the last launch resumes and completes."""
+    """One run through four faults, each at a seeded point after a new checkpoint of a launch
+    that would run for long: kill -9 of worker rank 1 and of the PS (each named, with what to
+    do), kill -9 and SIGHUP of the launcher (every child must die with it). A last launch
+    resumes from the newest complete checkpoint and completes with identical replicas."""
     run = tmp_path / "run"
     rng = random.Random(SEED)
-    faults = ["launcher-SIGHUP", "launcher-SIGKILL", "ps-SIGKILL", "worker-SIGKILL"]
     seen = []
-    for fault in faults:
-        before = {int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*")} if run.exists() else set()
-        proc = _spawn(_launch_argv(tiny_data, run))
-        start = max(before, default=0)
-        target = start + 10
+    for fault in ["worker-SIGKILL", "ps-SIGKILL", "launcher-SIGKILL", "launcher-SIGHUP"]:
+        target = (_complete_steps(run)[-1] if run.exists() else 0) + 10
+        proc = _spawn(_launch_argv(tiny_data, run, steps=5000))
         _wait_for(lambda: _ckpt_done(run, target) or proc.poll() is not None, 300, f"checkpoint {target}")
         assert proc.poll() is None, _output(proc)
         time.sleep(rng.uniform(0.0, 1.0))
@@ -129,11 +138,12 @@ def test_cluster_faults_in_sequence(tiny_data, tmp_path, no_orphans):
             proc.wait(60)
             _wait_for(lambda: not project_processes(no_orphans), 60,
                       f"every child of the launcher to exit after {fault}")
-            seen.append((fault, "no process left"))
+            steps = _complete_steps(run)
+            assert steps[-1] < 5000, steps  # they were stopped, they did not finish
+            seen.append((fault, f"no process left; checkpoints {steps}"))
             continue
         if fault.startswith("ps"):
-            victims = [p for p in project_processes(no_orphans)
-                       if b"ps serve" in open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ")]
+            victims = [p for p in project_processes(no_orphans) if b"ps serve" in _cmd(p)]
         else:
             victims = _rank_pids(no_orphans, 1)
         assert len(victims) == 1, (fault, victims)
@@ -148,12 +158,14 @@ def test_cluster_faults_in_sequence(tiny_data, tmp_path, no_orphans):
             assert "worker rank 1 failed (killed by SIGKILL)" in last, out[-3000:]
             assert "lost ps" not in out, out[-3000:]
         seen.append((fault, last))
-    done = max(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
-    code, out = _finish(_spawn(_launch_argv(tiny_data, run)))
+    done = _complete_steps(run)[-1]
+    code, out = _finish(_spawn(_launch_argv(tiny_data, run, steps=done + 10)))
     assert code == 0, out[-3000:]
+    assert f"at step {done}" in out, out[-3000:]
     summaries = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
     assert [s["start_step"] for s in summaries] == [done, done], (seen, out[-2000:])
     assert summaries[0]["dense_digest"] == summaries[1]["dense_digest"]  # replicas still identical
+    assert not [w for w in ("Unable to register", "GraphKeys", "_SingleDeviceSaver") if w in out], out
 
 
 # -- 4. a stalled worker is not blamed on the PS -------------------------------------------------
