@@ -49,6 +49,7 @@ def _die_with(parent: int):
             os._exit(1)
     return setup
 _RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+_FIRST_FAILURE = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
@@ -66,11 +67,13 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
 
 
 def _signal_name(code: int) -> str:
-    if code < 0:
+    # Popen reports a signal as -N; horovodrun reports its ranks' as 128 + N, the shell's way
+    sig = -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    if sig:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"killed by {signal.Signals(sig).name}"
         except ValueError:
-            return f"killed by signal {-code}"
+            return f"killed by signal {sig}"
     return f"exit code {code}"
 
 
@@ -161,13 +164,18 @@ class LocalCluster:
         return [c for c in self.children if c.name.startswith("ps:")]
 
     def failed_ranks(self) -> Dict[int, int]:
+        """``{rank: exit code}`` of the ranks that failed first: the ones horovodrun stopped
+        because another had failed are left out, so the message names the rank at fault."""
         hv = [c for c in self.children if c.name == "horovodrun"]
-        out = {}
+        out, first = {}, None
         for line in hv[0].lines if hv else []:
             m = _RANK_EXIT.search(line)
             if m and int(m.group(2)) != 0:
                 out[int(m.group(1))] = int(m.group(2))
-        return out
+            m = _FIRST_FAILURE.search(line)
+            if m and first is None:
+                first = int(m.group(1))
+        return {first: out[first]} if first in out else out
 
     # -- teardown -----------------------------------------------------------------------------
     def _stop(self, child: Child) -> None:
