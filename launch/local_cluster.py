@@ -6,12 +6,17 @@ What a user trusts this for:
   (``ps/server.py``), never a sleep; a PS that dies before it is ready is named.
 * Every line of every process is streamed with a prefix (``[ps0]``; Horovod's own
   ``[rank,...]<stdout>`` prefixes for the workers).
-* Teardown on success, failure and Ctrl-C / SIGTERM: every child runs in its own process group
-  and the whole group gets SIGTERM, then SIGKILL after a grace period: no orphans.
+* Teardown on success, failure and Ctrl-C / SIGTERM / SIGHUP: every child runs in its own
+  process group and the whole group gets SIGTERM, then SIGKILL after a grace period: no orphans.
+* A launcher killed outright (kill -9) runs no teardown, so each child also asks the kernel for
+  SIGTERM when the launcher dies (``prctl(PR_SET_PDEATHSIG)``), and a PS watches the launcher's
+  pid (``LAUNCHER_PID_ENV``) besides: the PS, holding the tables in memory, never outlives it.
 * The exit code is non-zero if any rank or PS failed, and the message names which.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import re
 import shlex
@@ -27,9 +32,24 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from gmeta_tf.errors import ClusterError
+from gmeta_tf.quiet import NOISE
 
 LAUNCH_ID_ENV = "GMETA_LAUNCH_ID"  # set on every child, so tests can prove none outlives a launch
+LAUNCHER_PID_ENV = "GMETA_LAUNCHER_PID"  # a PS started by a launcher exits when this pid is gone
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)  # loaded before any fork
+
+
+def _die_with(parent: int):
+    """A ``preexec_fn``: SIGTERM this child when ``parent`` (the launcher) dies, however it dies.
+    If the launcher is already gone when the child gets here, the child exits at once."""
+    def setup() -> None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+    return setup
 _RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+_FIRST_FAILURE = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
@@ -47,11 +67,13 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
 
 
 def _signal_name(code: int) -> str:
-    if code < 0:
+    # Popen reports a signal as -N; horovodrun reports its ranks' as 128 + N, the shell's way
+    sig = -code if code < 0 else code - 128 if 128 < code < 160 else 0
+    if sig:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"killed by {signal.Signals(sig).name}"
         except ValueError:
-            return f"killed by signal {-code}"
+            return f"killed by signal {sig}"
     return f"exit code {code}"
 
 
@@ -69,7 +91,8 @@ class LocalCluster:
                  grace_s: float = 10.0):
         self.log = log
         self.launch_id = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex
-        self.env = {**os.environ, **(env or {}), LAUNCH_ID_ENV: self.launch_id, "PYTHONUNBUFFERED": "1"}
+        self.env = {**os.environ, **(env or {}), LAUNCH_ID_ENV: self.launch_id, "PYTHONUNBUFFERED": "1",
+                    LAUNCHER_PID_ENV: str(os.getpid())}
         self.grace_s = grace_s
         self.children: List[Child] = []
         self.ps_addresses: List[str] = []
@@ -78,13 +101,16 @@ class LocalCluster:
     # -- processes ----------------------------------------------------------------------------
     def spawn(self, name: str, argv: List[str], prefix: Optional[str] = None) -> Child:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
-                                start_new_session=True, text=True, bufsize=1)
+                                start_new_session=True, text=True, bufsize=1,
+                                preexec_fn=_die_with(os.getpid()))
         child = Child(name, proc)
         tag = f"[{prefix}] " if prefix else ""
 
         def pump():
             for line in proc.stdout:
                 line = line.rstrip("\n")
+                if NOISE.search(line):  # TF start-up chatter of horovodrun and the ranks
+                    continue
                 child.lines.append(line)
                 if len(child.lines) > 2000:
                     del child.lines[:1000]
@@ -138,13 +164,18 @@ class LocalCluster:
         return [c for c in self.children if c.name.startswith("ps:")]
 
     def failed_ranks(self) -> Dict[int, int]:
+        """``{rank: exit code}`` of the ranks that failed first: the ones horovodrun stopped
+        because another had failed are left out, so the message names the rank at fault."""
         hv = [c for c in self.children if c.name == "horovodrun"]
-        out = {}
+        out, first = {}, None
         for line in hv[0].lines if hv else []:
             m = _RANK_EXIT.search(line)
             if m and int(m.group(2)) != 0:
                 out[int(m.group(1))] = int(m.group(2))
-        return out
+            m = _FIRST_FAILURE.search(line)
+            if m and first is None:
+                first = int(m.group(1))
+        return {first: out[first]} if first in out else out
 
     # -- teardown -----------------------------------------------------------------------------
     def _stop(self, child: Child) -> None:
@@ -185,12 +216,13 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     if workers < 1 or ps < 0:
         raise ClusterError(f"--workers must be >= 1 and --ps >= 0 (got {workers}, {ps})")
     cluster = LocalCluster(log=log)
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
 
     def on_term(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, on_term)
+    for s in previous:  # a closed terminal (SIGHUP) tears down like Ctrl-C
+        signal.signal(s, on_term)
     try:
         addresses = cluster.start_ps(ps, ps_ready_timeout_s) if ps else []
         argv = [sys.executable, "-m", "gmeta_tf.cli.main", "train", *train_argv]
@@ -215,4 +247,5 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
         raise
     finally:
         cluster.teardown()
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -9,6 +9,8 @@ lookups / upserts there over gRPC. Three things make it production-safe:
 * **A readiness probe, not a sleep.** An HTTP endpoint (``/ready``: 200 once the gRPC server is
   serving, 503 before) that the local launcher polls and a Kubernetes readinessProbe can use.
 * **Clean shutdown on SIGTERM/SIGINT** (TF's ``Server.join`` never returns): log and exit 0.
+* **No orphan.** Started by ``gmeta launch local`` (``GMETA_LAUNCHER_PID`` set), the PS exits
+  when the launcher is gone, even if it was killed with SIGKILL and could not stop its children.
 """
 from __future__ import annotations
 
@@ -92,8 +94,13 @@ def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
         os.replace(tmp, ready_file)
     log.info("ps %d ready at %s (grpc %s; TFRA kernels: %s; health port %s)",
              index, address, server.target, ", ".join(kernels), health_port)
+    from gmeta_tf.process import pid_alive
+
+    launcher = int(os.environ.get("GMETA_LAUNCHER_PID", "0") or 0)
     while not stop.wait(1.0):
-        pass
+        if launcher and not pid_alive(launcher):
+            log.info("ps %d (%s): launcher (pid %d) is gone, shutting down", index, address, launcher)
+            break
     if health is not None:
         health.shutdown()
     log.info("ps %d stopped", index)

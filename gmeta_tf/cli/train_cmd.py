@@ -77,11 +77,15 @@ def eval_cmd(run_dir, split, overrides, which):
     """Adapt to each unseen task on its support set, score its query set."""
     from gmeta_tf.evaluation.evaluate import evaluate, write_eval
     from gmeta_tf.evaluation.report import format_table
+    from gmeta_tf.metaio.reader import load_schema
+    from gmeta_tf.train.run_files import data_record
     from gmeta_tf.train.trainer import load_trained
 
     cfg, model, ckpt = load_trained(run_dir, overrides, checkpoint=which)
     result = evaluate(model, cfg, cfg.meta.algo, split)
     result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
+    # which data was scored, and with which checkpoint
+    result["data"] = {**data_record(cfg.data.path, load_schema(cfg.data.path)), "checkpoint": ckpt.restored}
     path = write_eval(run_dir, result)
     click.echo(format_table([result]))
     click.echo(f"wrote {path}")

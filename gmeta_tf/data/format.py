@@ -52,7 +52,8 @@ Ids are non-negative int64: integer inputs are kept, strings are hashed (``hash_
 from __future__ import annotations
 
 import hashlib
-from typing import Dict, List, Sequence
+import json
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -126,3 +127,43 @@ def hash_strings(values: Sequence[str]) -> np.ndarray:
         digest = hashlib.blake2b(str(v).encode("utf-8"), digest_size=8).digest()
         out[i] = int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
     return out
+
+
+def schema_fingerprint(schema: dict) -> dict:
+    """What a model trained on this data depends on: each feature's role, name and position,
+    and whether its ids are hashed strings. Statistics and sizes are left out (new rows of the
+    same columns are the same data for a model); a reordered dense column or an id column
+    re-prepared as strings is not. ``gmeta train`` records it, and whatever later feeds the
+    model data (resume, ``gmeta eval``, an export) compares it with ``fingerprint_difference``.
+    """
+    features = [["label", schema["label"]["name"], schema["label"]["kind"]]]
+    features += [["categorical", c["name"], "hashed" if c.get("hashed") else "int"] for c in schema["categorical"]]
+    features += [["multi_hot", c["name"], "hashed" if c.get("hashed") else "int"] for c in schema["multi_hot"]]
+    features += [["dense", c["name"], "float"] for c in schema["dense"]]
+    body = {"format_version": schema.get("format_version", FORMAT_VERSION), "features": features}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return {**body, "sha256": digest}
+
+
+def fingerprint_difference(expected: dict, actual: dict) -> Optional[str]:
+    """The first way ``actual`` (the data offered) differs from ``expected`` (the data trained
+    on), in words naming the feature; None when they match."""
+    if expected.get("sha256") == actual.get("sha256"):
+        return None
+    old = [tuple(f) for f in expected.get("features", [])]
+    new = [tuple(f) for f in actual.get("features", [])]
+    for role in ("label", "categorical", "multi_hot", "dense"):
+        a = [f[1:] for f in old if f[0] == role]
+        b = [f[1:] for f in new if f[0] == role]
+        if a == b:
+            continue
+        names_a, names_b = [x[0] for x in a], [x[0] for x in b]
+        if names_a != names_b and sorted(names_a) == sorted(names_b):
+            return f"{role} features are in another order: trained on {names_a}, got {names_b}"
+        if names_a != names_b:
+            return f"{role} features differ: trained on {names_a}, got {names_b}"
+        for (name, was), (_, now) in zip(a, b):
+            if was != now:
+                return f"{role} feature '{name}' was {was} when trained, is {now} here"
+    return "format_version differs" if expected.get("format_version") != actual.get("format_version") else \
+        "schema fingerprint differs"

@@ -17,9 +17,16 @@ Tables are exported row by row (``de.Variable.export``) rather than through TF's
 the same code saves local tables and tables sharded over parameter servers (rank 0 pulls the
 rows from every PS), and a restore can re-shard onto a different number of PS. The optimizer
 slot tables (Adam's m and v) are saved next to their table, so training resumes exactly.
+
+``meta.json`` also lists every other file of the checkpoint with its sha256 (``files``), so a
+damaged checkpoint (a truncated table, a flipped byte, a half-copied directory) is named with
+the file at fault and ``restore`` falls back to the newest intact one instead of dying in numpy
+or TF with a bare trace. Files the caller attaches (``save(files=...)``: the config the
+checkpoint was made with) are covered by the same commit and checksums.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -38,6 +45,23 @@ from gmeta_tf.model.tables import export_variable, import_variable
 LATEST = "latest"
 # Names the checkpoint of the best validation step (train.eval_every); pruning never removes it.
 BEST = "best"
+META = "meta.json"
+
+
+def _files_under(root: str, prefix: str = "") -> List[str]:
+    """Every file below ``root``, as paths relative to it (local disk and object stores)."""
+    out = []
+    for name in store.listdir(root):
+        path = store.join(root, name)
+        if store.isdir(path):
+            out += _files_under(path, f"{prefix}{name}/")
+        else:
+            out.append(prefix + name)
+    return out
+
+
+def _sha256(path: str) -> str:
+    return hashlib.sha256(store.read_bytes(path)).hexdigest()
 
 
 def _slot_key(table_name: str, slot_var) -> str:
@@ -46,14 +70,17 @@ def _slot_key(table_name: str, slot_var) -> str:
 
 
 class CheckpointManager:
-    def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3):
+    def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3,
+                 log=print):
         self.dir = str(directory)
+        self.log = log
+        self.restored: Optional[str] = None  # the checkpoint ``restore`` loaded, and its meta.json
+        self.restored_meta: dict = {}
         self.model = model
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
         self.keep = keep
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.restored_meta: Optional[Dict] = None  # meta.json of the last restore
         # Optimizers must own their variables before a restore can fill them.
         dense_opt.build(list(model.dense_variables.values()))
         emb_opt.build(model.shadows_by_table())
@@ -129,7 +156,7 @@ class CheckpointManager:
                 out[_slot_key(table.name, slot)] = slot
         return out
 
-    def save(self, step: int, extra: Optional[dict] = None) -> str:
+    def save(self, step: int, extra: Optional[dict] = None, files: Optional[Dict[str, str]] = None) -> str:
         local = store.is_local(self.dir)
         store.makedirs(self.dir)
         name = f"ckpt-{step:08d}"
@@ -152,7 +179,10 @@ class CheckpointManager:
                 store.write_bytes(store.join(target, "tables", f"{key}.npz"),
                                   store.npz_bytes(keys=keys, values=values))
                 rows[key] = int(len(keys))
-            meta = {"step": step, "time": time.time(), "rows": rows, **(extra or {})}
+            for rel, text in (files or {}).items():
+                store.write_text(store.join(target, rel), text)
+            sums = {rel: _sha256(store.join(target, rel)) for rel in _files_under(target)}
+            meta = {"step": step, "time": time.time(), "rows": rows, **(extra or {}), "files": sums}
             store.write_text(store.join(target, "meta.json"), json.dumps(meta, indent=1))  # the commit
             if local:
                 final_os = store.local_path(final)
@@ -170,14 +200,52 @@ class CheckpointManager:
         return final
 
     # -- restore ------------------------------------------------------------------------------
+    def damage(self, path: str) -> Optional[str]:
+        """What is wrong with checkpoint ``path`` (naming the file), or None when it is intact.
+        Checkpoints written before checksums existed are checked for a readable meta.json only."""
+        try:
+            meta = json.loads(store.read_text(store.join(path, META)))
+        except (ValueError, CheckpointError) as e:
+            return f"{META} is unreadable ({str(e).splitlines()[0][:120]})"
+        if not isinstance(meta, dict) or "step" not in meta:
+            return f"{META} has no step"
+        for rel, digest in sorted((meta.get("files") or {}).items()):
+            f = store.join(path, rel)
+            if not store.exists(f):
+                return f"{rel} is missing"
+            if _sha256(f) != digest:
+                return f"{rel} does not match its checksum (damaged or changed after the save)"
+        return None
+
     def restore(self, path: Optional[str] = None) -> int:
-        """Restore ``path`` (default: the latest). Returns its step; 0 if there is none."""
-        path = str(path) if path is not None else self.latest()
+        """Restore ``path`` (default: the newest intact checkpoint). Returns its step; 0 if there
+        is none. A damaged newest checkpoint is skipped, saying so; if every one is damaged,
+        a ``CheckpointError`` names each and the way out."""
         if path is None:
-            return 0
-        meta_file = store.join(path, "meta.json")
+            newest_first = list(dict.fromkeys(p for p in [self.latest(), *reversed(self.all_checkpoints())] if p))
+            if not newest_first:
+                return 0
+            damaged = []
+            for candidate in newest_first:
+                problem = self.damage(candidate)
+                if problem is None:
+                    path = candidate
+                    break
+                damaged.append(f"{candidate}: {problem}")
+                self.log(f"checkpoint {candidate} is damaged: {problem}; trying the previous one")
+            if path is None:
+                raise CheckpointError(
+                    "every checkpoint is damaged (" + "; ".join(damaged) + "). Start over with "
+                    "--no-resume (or a new --out), or restore the checkpoint directory from a copy")
+            if damaged:
+                self.log(f"falling back to the newest intact checkpoint {path}")
+        path = str(path)
+        meta_file = store.join(path, META)
         if not store.exists(meta_file):
             raise CheckpointError(f"checkpoint {path} is incomplete (no meta.json)")
+        problem = self.damage(path)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
         meta = json.loads(store.read_text(meta_file))
         try:
             self._tf_ckpt.read(store.join(path, "dense")).assert_existing_objects_matched()
@@ -198,5 +266,5 @@ class CheckpointManager:
                 keys, values = got
             var.clear()
             import_variable(var, keys, values)
-        self.restored_meta = meta
+        self.restored, self.restored_meta = path, meta
         return int(meta["step"])

@@ -29,6 +29,7 @@ from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.dense_sync import LocalSync
+from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
 from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validate
 
 CONFIG_FILE = "config.yaml"
@@ -127,18 +128,23 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     propagates."""
     rt = rt or Runtime()
     run_dir = str(run_dir)
+    absolute_data_path(cfg)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
     model, dense_opt, emb_opt, step_fn, ckpt = build_serialized(cfg, schema, rt, run_dir)
+    ckpt.log = rt.log
     start = 0
     if rt.rank == 0:
         storage.makedirs(run_dir)
-        dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
         # Rank 0 alone restores: with PS tables it refills them (every rank shares them).
         if resume:
             start = ckpt.restore()
             if start:
-                rt.log(f"resumed from {ckpt.latest()} at step {start}")
+                check_data(ckpt.restored_meta, schema, cfg.data.path, ckpt.restored, "resume")
+                check_steps(start, cfg.train.steps, ckpt.restored)
+                rt.log(f"resumed from {ckpt.restored} at step {start}")
+        # Only now: a refused resume must leave the run's config as it was.
+        dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
     start = rt.sync.broadcast_int(start)
     tracker = BestTracker.from_state((ckpt.restored_meta or {}).get("validation") if start else None,
                                      resolve_metric(cfg, model.kind), cfg.train.early_stop_patience)
@@ -177,7 +183,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
                 tf.errors.InternalError, tf.errors.UnknownError) as e:
             if rt.ps_tasks:
-                raise lost_ps_error(e, rt, step) from None
+                raise step_failure_error(e, rt, step) from None
             raise
         except tf.errors.InvalidArgumentError as e:  # a local-only hot table met an unprofiled id
             found = re.search(r"hot table \S+: an id outside the hot set[^\]\n]*", str(e))
@@ -219,8 +225,9 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
             improved = _validation_point(cfg, model, rt, hot, tracker, step, writer, on_validation)
             stopped = rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0)
         if improved or stopped or step % cfg.train.checkpoint_every == 0 or last:
-            meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks, "validation": tracker.state()}
-            path = _save_checkpoint(ckpt, rt, hot, emb_opt, step, meta)
+            meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
+                    "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
+            path = _save_checkpoint(ckpt, rt, hot, emb_opt, step, meta, checkpoint_files(cfg))
             if improved and rt.rank == 0:
                 ckpt.mark_best(path, tracker.summary())
         if stopped:
@@ -254,7 +261,8 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     return summary
 
 
-def _save_checkpoint(ckpt: CheckpointManager, rt: Runtime, hot, emb_opt, step: int, meta: dict) -> Optional[str]:
+def _save_checkpoint(ckpt: CheckpointManager, rt: Runtime, hot, emb_opt, step: int, meta: dict,
+                     files: Dict[str, str]) -> Optional[str]:
     """Every rank pauses while rank 0 exports the PS tables, so the checkpoint is one consistent
     state and not a mix of before and after other ranks' updates. Each rank first writes its
     pending (write-behind) cold-row updates. Returns the path on rank 0."""
@@ -265,7 +273,7 @@ def _save_checkpoint(ckpt: CheckpointManager, rt: Runtime, hot, emb_opt, step: i
     if rt.rank == 0:
         if hot is not None:  # replicas are identical: rank 0's copy is everyone's
             hot.write_back(emb_opt)
-        path = ckpt.save(step, meta)
+        path = ckpt.save(step, meta, files=files)
     rt.sync.barrier()
     return path
 
@@ -310,14 +318,42 @@ def load_trained(run_dir: str | Path, overrides=(), checkpoint: str = "best") ->
     if not storage.exists(storage.join(run_dir, CONFIG_FILE)):
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); run 'gmeta train --out {run_dir}' first")
     cfg = load_config(storage.join(run_dir, CONFIG_FILE), overrides)
-    model = build_model(cfg, load_schema(cfg.data.path), Runtime())
+    schema = load_schema(cfg.data.path)
+    model = build_model(cfg, schema, Runtime())
     dense_opt, emb_opt = make_optimizers(cfg.train)
     ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt)
     path = ckpt.resolve(checkpoint)
     if path is None:
         raise CheckpointError(f"{run_dir}: no complete checkpoint in {storage.join(run_dir, 'checkpoints')}")
     ckpt.restore(path)
+    check_data(ckpt.restored_meta, schema, cfg.data.path, ckpt.restored, "evaluate")
     return cfg, model, ckpt
+
+
+_COLLECTIVE = re.compile(r"horovod|gloo|allreduce|allgather|broadcast|collective", re.I)
+
+
+def step_failure_error(e: Exception, rt: Runtime, step: int):
+    """A failed step with several workers: a dead PS, or a peer worker that stopped answering.
+
+    A stalled or killed peer rank makes this rank's dense all-reduce (Horovod over Gloo) time
+    out; blaming the PS then sends the user to restart a healthy process. So the PS are probed
+    first: one that refuses connections is the culprit (``lost_ps_error``); with every PS
+    answering and the failure inside a collective, the peer ranks are named instead.
+    """
+    from gmeta_tf.cluster.worker import reachable
+    from gmeta_tf.errors import ClusterError
+
+    text = str(e)
+    if rt.size < 2 or not _COLLECTIVE.search(text) or not all(reachable(a) for a in rt.ps_addresses):
+        return lost_ps_error(e, rt, step)
+    peers = [r for r in range(rt.size) if r != rt.rank]
+    who = f"worker rank {peers[0]}" if len(peers) == 1 else "one of worker ranks " + ", ".join(map(str, peers))
+    first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
+    return ClusterError(
+        f"rank {rt.rank}: {who} stopped answering in the dense-gradient all-reduce at step {step} "
+        f"(every PS answers: {', '.join(rt.ps_addresses)}): {first}. Check that worker (stopped, "
+        f"hung or killed?); re-run with the same --out to resume from the last checkpoint")
 
 
 def lost_ps_error(e: Exception, rt: Runtime, step: int):

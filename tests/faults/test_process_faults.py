@@ -1,0 +1,191 @@
+"""kill -9 / SIGSTOP / SIGHUP of the trainer, a worker, the PS and the launcher, at seeded random
+points. Real processes only: ``gmeta train``, ``gmeta launch local`` (``gmeta ps serve`` plus
+``horovodrun -np 2 --gloo``). After each fault the next command resumes from the last complete
+checkpoint or the failure names the process at fault and what to do; ``no_orphans`` (conftest)
+proves nothing outlives a test. ``GMETA_FAULT_SEED`` picks other kill points.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fault_helpers import TINY_SETS, project_processes
+
+from gmeta_tf.config.loader import load_config
+from gmeta_tf.train.trainer import train
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = int(os.environ.get("GMETA_FAULT_SEED", "0"))
+GMETA = [sys.executable, "-m", "gmeta_tf.cli.main"]
+
+
+def _sets(*extra):
+    return [a for s in [*TINY_SETS, *extra] for a in ("--set", s)]
+
+
+def _spawn(argv):
+    """A project process in its own session (so a kill here hits only it), output to a file."""
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"fault-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc.log = log
+    return proc
+
+
+def _output(proc) -> str:
+    proc.log.flush()
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def _wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _finish(proc, timeout=300):
+    try:
+        proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, _output(proc)
+
+
+def _ckpt_done(run, step):
+    return (run / "checkpoints" / f"ckpt-{step:08d}" / "meta.json").exists()
+
+
+def _rank_pids(tag, rank):
+    """The ``gmeta train`` processes of Horovod rank ``rank`` started under this test."""
+    out = []
+    for pid in project_processes(tag):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if f"HOROVOD_RANK={rank}".encode() in env and b"train" in cmd and b"horovodrun" not in cmd:
+            out.append(pid)
+    return out
+
+
+# -- kill -9 of the embedded trainer -----------------------------------------------------------
+def test_killed_trainer_resumes_to_the_same_result(tiny_data, tmp_path):
+    run = tmp_path / "run"
+    argv = [*GMETA, "train", "--data", str(tiny_data), "--out", str(run), "--steps", "40", *_sets()]
+    rng = random.Random(SEED)
+    after = rng.choice([10, 20, 30])
+    proc = _spawn(argv)
+    _wait_for(lambda: f"step {after}/40" in _output(proc) or proc.poll() is not None, 300, f"step {after}")
+    time.sleep(rng.uniform(0.0, 1.0))  # anywhere: mid-step, mid-checkpoint
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
+    assert done, _output(proc)
+    code, out = _finish(_spawn(argv))
+    assert code == 0, out
+    assert f"at step {done[-1]}" in out, out  # resumed from the newest complete checkpoint
+    resumed = json.loads((run / "train_summary.json").read_text())
+    straight = train(load_config(None, [f"data.path={tiny_data}", "train.steps=40", *TINY_SETS]),
+                     tmp_path / "straight")
+    assert resumed["dense_digest"] == straight["dense_digest"], (after, done)
+
+
+# -- the cluster: launcher, PS, worker ----------------------------------------------------------
+def _launch_argv(tiny_data, run, steps=40):
+    return [*GMETA, "launch", "local", "--workers", "2", "--ps", "1", "--timeout", "400",
+            "--data", str(tiny_data), "--out", str(run), "--steps", str(steps), *_sets()]
+
+
+def _complete_steps(run):
+    return sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
+
+
+def _cmd(pid) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
+def test_cluster_faults_in_sequence(tiny_data, tmp_path, no_orphans):
+    """One run through four faults, each at a seeded point after a new checkpoint of a launch
+    that would run for long: kill -9 of worker rank 1 and of the PS (each named, with what to
+    do), kill -9 and SIGHUP of the launcher (every child must die with it). A last launch
+    resumes from the newest complete checkpoint and completes with identical replicas."""
+    run = tmp_path / "run"
+    rng = random.Random(SEED)
+    seen = []
+    for fault in ["worker-SIGKILL", "ps-SIGKILL", "launcher-SIGKILL", "launcher-SIGHUP"]:
+        target = (_complete_steps(run)[-1] if run.exists() else 0) + 10
+        proc = _spawn(_launch_argv(tiny_data, run, steps=5000))
+        _wait_for(lambda: _ckpt_done(run, target) or proc.poll() is not None, 300, f"checkpoint {target}")
+        assert proc.poll() is None, _output(proc)
+        time.sleep(rng.uniform(0.0, 1.0))
+        if fault.startswith("launcher"):
+            os.kill(proc.pid, getattr(signal, fault.split("-")[1]))  # the launcher alone
+            proc.wait(60)
+            _wait_for(lambda: not project_processes(no_orphans), 60,
+                      f"every child of the launcher to exit after {fault}")
+            steps = _complete_steps(run)
+            assert steps[-1] < 5000, steps  # they were stopped, they did not finish
+            seen.append((fault, f"no process left; checkpoints {steps}"))
+            continue
+        if fault.startswith("ps"):
+            victims = [p for p in project_processes(no_orphans) if b"ps serve" in _cmd(p)]
+        else:
+            victims = _rank_pids(no_orphans, 1)
+        assert len(victims) == 1, (fault, victims)
+        os.kill(victims[0], signal.SIGKILL)
+        code, out = _finish(proc)
+        assert code == 2, out
+        last = out.strip().splitlines()[-1]
+        if fault.startswith("ps"):
+            assert "lost ps:0" in out and "Restart the PS and re-run with the same --out" in out, out[-3000:]
+            assert "ps:0" in last, last
+        else:
+            assert "worker rank 1 failed (killed by SIGKILL)" in last, out[-3000:]
+            assert "lost ps" not in out, out[-3000:]
+        seen.append((fault, last))
+    done = _complete_steps(run)[-1]
+    code, out = _finish(_spawn(_launch_argv(tiny_data, run, steps=done + 10)))
+    assert code == 0, out[-3000:]
+    assert f"at step {done}" in out, out[-3000:]
+    summaries = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
+    assert [s["start_step"] for s in summaries] == [done, done], (seen, out[-2000:])
+    assert summaries[0]["dense_digest"] == summaries[1]["dense_digest"]  # replicas still identical
+    assert not [w for w in ("Unable to register", "GraphKeys", "_SingleDeviceSaver") if w in out], out
+
+
+# -- 4. a stalled worker is not blamed on the PS -------------------------------------------------
+def test_stalled_worker_is_named_not_the_ps(tiny_data, tmp_path, no_orphans):
+    run = tmp_path / "run"
+    proc = _spawn(_launch_argv(tiny_data, run, steps=400))
+    stopped = []
+    try:
+        _wait_for(lambda: _ckpt_done(run, 10) or proc.poll() is not None, 300, "checkpoint 10")
+        time.sleep(random.Random(SEED).uniform(0.0, 1.0))
+        stopped = _rank_pids(no_orphans, 1)
+        assert len(stopped) == 1, stopped
+        os.kill(stopped[0], signal.SIGSTOP)
+        code, out = _finish(proc, timeout=400)
+    finally:
+        for pid in stopped:  # a stopped process cannot act on SIGTERM; let it go
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert code == 2, out[-3000:]
+    assert "rank 0: worker rank 1 stopped answering" in out, out[-3000:]
+    assert "lost ps" not in out and "Restart the PS" not in out, out[-3000:]
