@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``); the other sections' previous results stay in the JSON file.
+``sharding``, ``hot_split``, ``startup``); the other sections' previous results stay in the JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
 hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
@@ -73,6 +73,13 @@ def bench_hot_split(results: Dict) -> None:
     results["hot_split"] = measure(WORK)
 
 
+def bench_startup(results: Dict) -> None:
+    from bench.startup import measure
+
+    data, _ = _prepared_data()
+    results["startup"] = measure(data, WORK)
+
+
 def bench_sharding(results: Dict) -> None:
     import os
 
@@ -83,7 +90,8 @@ def bench_sharding(results: Dict) -> None:
 
 
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
-                                                "sharding": bench_sharding, "hot_split": bench_hot_split}
+                                                "sharding": bench_sharding, "hot_split": bench_hot_split,
+                                                "startup": bench_startup}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -109,6 +117,10 @@ HEADLINES = [
     ("hot_split.speedup_no_prefetch_zipf_1_2", "… same, cold rows not read ahead / written behind", ""),
     ("hot_split.speedup_zipf_1_05", "hot/cold split on / off, Zipf 1.05 (tasks/s, 2w2ps)", ""),
     ("hot_split.local_share_zipf_1_05", "lookups served by hot rows, Zipf 1.05", ""),
+    ("startup.ratio_8w_over_1w", "start-up to first step, 8 workers / 1 worker (2 PS)", "≤ 1.5"),
+    ("startup.seconds_1w", "start-up to first step, 1 worker, s (from ring joined)", ""),
+    ("startup.seconds_8w", "start-up to first step, 8 workers, s (from ring joined)", ""),
+    ("startup.wall_seconds_8w", "… 8 workers, s from launch (8 TF imports on this box)", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
 ]
 
