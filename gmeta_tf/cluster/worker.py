@@ -122,8 +122,6 @@ def pin_gpu(local_rank: int) -> Optional[str]:
 
 
 def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
-    import tensorflow as tf
-
     import gmeta_tf  # noqa: F401
     from gmeta_tf.train.dense_sync import HorovodSync
     from gmeta_tf.train.trainer import Runtime
