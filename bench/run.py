@@ -23,18 +23,19 @@ RESULTS = BENCH_DIR / "results.json"
 WORK = BENCH_DIR / "out"
 
 
-def _prepared_data(tasks: int = 3000):
-    """Synthetic click data prepared with the quickstart config (re-used across runs)."""
+def _prepared_data(tasks: int = 3000, shards: int = 0):
+    """Synthetic click data prepared with the quickstart config (``shards`` > 0 overrides its shards)."""
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.data.synth import synth
 
-    prepared = WORK / f"data-{tasks}" / "prepared"
+    prepared = WORK / (f"data-{tasks}" + (f"-{shards}shards" if shards else "")) / "prepared"
     t0 = time.perf_counter()
     s = synth(str(prepared.parent / "raw"), tasks=tasks, seed=0, overwrite=True)
     t1 = time.perf_counter()
     prepare([str(prepared.parent / "raw")], str(prepared),
-            load_config("configs/quickstart.yaml").prepare, overwrite=True)
+            load_config("configs/quickstart.yaml", [f"prepare.shards={shards}"] if shards else []).prepare,
+            overwrite=True)
     t2 = time.perf_counter()
     return str(prepared), {"rows": s["rows"], "synth_rows_per_s": s["rows"] / (t1 - t0),
                            "prepare_rows_per_s": s["rows"] / (t2 - t1)}
@@ -76,7 +77,7 @@ def bench_hot_split(results: Dict) -> None:
 def bench_startup(results: Dict) -> None:
     from bench.startup import measure
 
-    data, _ = _prepared_data()
+    data, _ = _prepared_data(shards=8)  # every rank reads its own shards: one per worker at 8 workers
     results["startup"] = measure(data, WORK)
 
 

@@ -57,7 +57,7 @@ def run_once(workers: int, data: str, out: Path, code: Optional[str] = None, log
         if m:
             stamps[m.group(1)][int(m.group(2))] = float(m.group(3))
     if code_ != 0 or not ps_alive or any(len(s) != workers for s in stamps.values()):
-        tail = "\n".join(lines[-30:])
+        tail = "\n".join([line for line in lines if "rror" in line][-10:] + lines[-20:])
         raise RuntimeError(f"start-up run with {workers} workers failed (exit {code_}, PS alive {ps_alive}):\n{tail}")
     last_step = max(stamps["step"].values())
     result = {"seconds": last_step - max(stamps["joined"].values()), "wall_seconds": last_step - t0}
@@ -84,6 +84,6 @@ def measure(data: str, work: Path, workers: Iterable[int] = WORKERS, log=print) 
     return out
 
 
-if __name__ == "__main__":  # python -m bench.startup DATA [N ...]: a quick look without make bench
+if __name__ == "__main__":  # python -m bench.startup DATA [N ...]: some worker counts, without make bench
     data_dir, *ns = sys.argv[1:]
     print(measure(data_dir, Path("bench/out"), [int(n) for n in ns] or WORKERS))
