@@ -71,12 +71,12 @@ def _worker(data: str, out_file: str, ps: str) -> None:
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.metaio.reader import load_schema, make_dataset
     from gmeta_tf.model.sparse_features import lookup_batch
-    from gmeta_tf.train.trainer import build_serialized
+    from gmeta_tf.train.trainer import build_tables_once
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.tasks_per_batch=16",
                                                   f"cluster.ps=[{ps}]"])
     rt = worker_runtime(cfg, log=lambda m: None)
-    model, _, emb_opt, step, _ = build_serialized(cfg, load_schema(data), rt, Path(out_file).parent / "share-run")
+    model, _, emb_opt, step, _ = build_tables_once(cfg, load_schema(data), rt, Path(out_file).parent / "share-run")
     batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(8))
 
     @tf.function

@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``); the other sections' previous results stay in the JSON file.
+``sharding``, ``hot_split``, ``startup``); the other sections' previous results stay in the JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
 hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
@@ -23,18 +23,19 @@ RESULTS = BENCH_DIR / "results.json"
 WORK = BENCH_DIR / "out"
 
 
-def _prepared_data(tasks: int = 3000):
-    """Synthetic click data prepared with the quickstart config (re-used across runs)."""
+def _prepared_data(tasks: int = 3000, shards: int = 0):
+    """Synthetic click data prepared with the quickstart config (``shards`` > 0 overrides its shards)."""
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.data.synth import synth
 
-    prepared = WORK / f"data-{tasks}" / "prepared"
+    prepared = WORK / (f"data-{tasks}" + (f"-{shards}shards" if shards else "")) / "prepared"
     t0 = time.perf_counter()
     s = synth(str(prepared.parent / "raw"), tasks=tasks, seed=0, overwrite=True)
     t1 = time.perf_counter()
     prepare([str(prepared.parent / "raw")], str(prepared),
-            load_config("configs/quickstart.yaml").prepare, overwrite=True)
+            load_config("configs/quickstart.yaml", [f"prepare.shards={shards}"] if shards else []).prepare,
+            overwrite=True)
     t2 = time.perf_counter()
     return str(prepared), {"rows": s["rows"], "synth_rows_per_s": s["rows"] / (t1 - t0),
                            "prepare_rows_per_s": s["rows"] / (t2 - t1)}
@@ -73,6 +74,13 @@ def bench_hot_split(results: Dict) -> None:
     results["hot_split"] = measure(WORK)
 
 
+def bench_startup(results: Dict) -> None:
+    from bench.startup import measure
+
+    data, _ = _prepared_data(shards=8)  # every rank reads its own shards: one per worker at 8 workers
+    results["startup"] = measure(data, WORK)
+
+
 def bench_sharding(results: Dict) -> None:
     import os
 
@@ -83,7 +91,8 @@ def bench_sharding(results: Dict) -> None:
 
 
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
-                                                "sharding": bench_sharding, "hot_split": bench_hot_split}
+                                                "sharding": bench_sharding, "hot_split": bench_hot_split,
+                                                "startup": bench_startup}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -109,6 +118,10 @@ HEADLINES = [
     ("hot_split.speedup_no_prefetch_zipf_1_2", "… same, cold rows not read ahead / written behind", ""),
     ("hot_split.speedup_zipf_1_05", "hot/cold split on / off, Zipf 1.05 (tasks/s, 2w2ps)", ""),
     ("hot_split.local_share_zipf_1_05", "lookups served by hot rows, Zipf 1.05", ""),
+    ("startup.ratio_8w_over_1w", "start-up to first step, 8 workers / 1 worker (2 PS)", "≤ 1.5"),
+    ("startup.seconds_1w", "start-up to first step, 1 worker, s (from ring joined)", ""),
+    ("startup.seconds_8w", "start-up to first step, 8 workers, s (from ring joined)", ""),
+    ("startup.wall_seconds_8w", "… 8 workers, s from launch (8 TF imports on this box)", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
 ]
 

@@ -40,3 +40,11 @@ def test_missing_and_invalid_files(tmp_path):
     f.write_text("model: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(f)
+
+
+def test_deprecated_settle_pause_still_loads_but_warns_and_is_unset_by_default():
+    """Start-up no longer pauses per rank (docs/startup.md); old configs must still load."""
+    assert load_config("configs/quickstart.yaml").cluster.table_create_settle_s is None
+    with pytest.warns(FutureWarning, match="cluster.table_create_settle_s"):
+        cfg = load_config("configs/quickstart.yaml", ["cluster.table_create_settle_s=3"])
+    assert cfg.cluster.table_create_settle_s == 3

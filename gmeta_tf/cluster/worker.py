@@ -82,6 +82,32 @@ def _touch_every_ps(n: int) -> None:
         int(value.numpy())
 
 
+def connect_rank0_first(ps: List[str], sync) -> None:
+    """Open this rank's eager context on every PS: rank 0 alone, then every other rank at once.
+
+    Why rank 0 first (docs/startup.md): in TF 2.16, ``EagerServiceImpl::CreateContext`` on a PS
+    that holds no eager context yet replaces the PS-wide collective executor manager and frees
+    the old one, while every context created before keeps a raw pointer to it. Two ranks whose
+    first contact with a fresh PS overlaps both find "no context yet"; the second replacement
+    frees the manager the first rank's context holds, and that context's next uncached kernel
+    (``GetOrCreateKernelAndDevice`` → ``FindOrCreate`` on the freed manager) kills the PS with
+    SIGSEGV. Once one context exists on a PS no later one replaces the manager, so after one
+    barrier the other ranks connect together: two phases, whatever the number of workers.
+    """
+    import tensorflow as tf
+
+    def connect() -> None:
+        tf.config.experimental_connect_to_cluster(
+            tf.train.ClusterSpec({"ps": ps}), job_name=f"worker{sync.rank}", make_master_device_default=False)
+        _touch_every_ps(len(ps))  # returns once this rank's context exists on every PS
+
+    if sync.rank == 0:
+        connect()
+    sync.barrier()
+    if sync.rank != 0:
+        connect()
+
+
 def pin_gpu(local_rank: int) -> Optional[str]:
     """Give each rank the GPU of its local rank (dense compute); PS processes stay on CPU."""
     import tensorflow as tf
@@ -96,8 +122,6 @@ def pin_gpu(local_rank: int) -> Optional[str]:
 
 
 def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
-    import tensorflow as tf
-
     import gmeta_tf  # noqa: F401
     from gmeta_tf.train.dense_sync import HorovodSync
     from gmeta_tf.train.trainer import Runtime
@@ -114,15 +138,7 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     placement = load_placement(cfg.cluster.placement)
     if ps:
         wait_reachable(ps, cfg.cluster.connect_timeout_s)
-        # One worker at a time: a worker's eager context being set up on a PS while another
-        # worker creates tables there has crashed the PS (SIGSEGV) in our tests.
-        for r in range(sync.size):
-            if sync.rank == r:
-                tf.config.experimental_connect_to_cluster(
-                    tf.train.ClusterSpec({"ps": ps}), job_name=f"worker{sync.rank}",
-                    make_master_device_default=False)
-                _touch_every_ps(len(ps))
-            sync.barrier()
+        connect_rank0_first(ps, sync)
         if placement:
             check_tasks(placement, len(ps))
     rank_log(f"worker {sync.rank}/{sync.size}: {len(ps)} PS ({', '.join(ps) or 'local tables'}), "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import List, Literal, Optional, Union
 
@@ -256,15 +257,18 @@ class ClusterConfig:
 
     ps: List[str] = field(default_factory=list)
     connect_timeout_s: float = 60.0
-    # Pause after each rank creates its PS tables before the next rank starts: see
-    # trainer.build_serialized (a PS crash hazard of TFRA/TF eager on this stack).
-    table_create_settle_s: float = 3.0
+    # Deprecated and ignored (docs/startup.md): ranks no longer create tables one by one with a
+    # pause between them. Still accepted so that older configs load; setting it warns.
+    table_create_settle_s: Optional[float] = None
     # Optional explicit table → PS placement file written by ``gmeta plan``.
     placement: Optional[str] = None
 
     def __post_init__(self) -> None:
         _require(self.connect_timeout_s > 0, "cluster.connect_timeout_s", "must be > 0")
-        _require(self.table_create_settle_s >= 0, "cluster.table_create_settle_s", "must be >= 0")
+        if self.table_create_settle_s is not None:
+            warnings.warn("config key 'cluster.table_create_settle_s' is deprecated and ignored: start-up no "
+                          "longer pauses per rank (docs/startup.md); remove it from the config", FutureWarning,
+                          stacklevel=2)
         for i, addr in enumerate(self.ps):
             _require(
                 isinstance(addr, str) and ":" in addr,

@@ -108,7 +108,7 @@ class TrainStep:
         # PS parts are registered on the parameter servers under names derived from this one,
         # so the functions different workers register on a shared PS never share a name (and a
         # PS log names the worker). The PS crashes we saw had another cause, see
-        # trainer.build_serialized.
+        # docs/startup.md.
         def step(batch):
             return self._step(batch)
 

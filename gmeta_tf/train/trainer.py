@@ -77,39 +77,33 @@ def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
     return model, dense_opt, emb_opt, step_fn, ckpt
 
 
-def build_serialized(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
-    """Create the model's tables one rank at a time.
+def build_tables_once(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
+    """Rank 0 creates the PS tables and their optimizer slot tables; the others then bind to them.
 
-    Two workers creating the same TFRA table on a PS at the same instant crash the PS
-    (ARCHITECTURE.md). Rank 0 creates every table and slot table first; each further rank
-    binds to them in turn, after a barrier; a last barrier ends creation before any rank
-    trains. With local tables (no PS) there is nothing to serialise.
-
-    Measured on this stack (tests/test_distributed.py, 2 ranks, 2 PS): with creation merely
-    ordered by barriers, a PS still died with SIGSEGV in about half of the runs (in
-    ``GetOrCreateKernelAndDevice`` while executing the next rank's creation ops), even after
-    waiting for this rank's ops to complete. Letting each rank's creation settle for
-    ``cluster.table_create_settle_s`` before the next rank starts made every run pass.
-    It costs that many seconds per rank, once, at start-up.
+    Every table has a deterministic shared name (``model/tables.py``), so a rank that builds the
+    model after rank 0 finds each resource on the PS and binds to it instead of creating it: the
+    tables exist once, whatever the number of workers, and start-up costs two builds' time, not
+    one per rank. The other ranks build at the same time; that is safe because the PS crash once
+    blamed on concurrent creation was the eager-context race that ``worker.connect_rank0_first``
+    avoids (docs/startup.md). With local tables (no PS) there is nothing to share.
     """
     if rt.ps_tasks == 0:
         return _build(cfg, schema, rt, run_dir)
     built = None
-    for r in range(rt.size):
-        if rt.rank == r:
-            built = _build(cfg, schema, rt, run_dir)
-            _wait_for_ps(built[0], built[2])
-            time.sleep(cfg.cluster.table_create_settle_s)
-        rt.sync.barrier()
+    if rt.rank == 0:
+        built = _build(cfg, schema, rt, run_dir)
+        _wait_for_ps(built[0], built[2])
+    rt.sync.barrier()
+    if rt.rank != 0:
+        built = _build(cfg, schema, rt, run_dir)
     return built
 
 
 def _wait_for_ps(model: DLRM, emb_opt) -> None:
     """Block until the PS has really executed this rank's table creation.
 
-    Remote eager ops are *enqueued*: Python returns before the PS ran them, so a barrier alone
-    would let the next rank (or the first training step) hit the PS while it is still
-    creating this rank's tables — the concurrent-creation crash again. Reading every table's
+    Remote eager ops are *enqueued*: Python returns before the PS ran them, so without this the
+    barrier could let the other ranks bind before rank 0's tables exist. Reading every table's
     and slot table's size is answered only after the creation ops ahead of it in the stream.
     """
     from tensorflow.python.eager import context
@@ -131,7 +125,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     absolute_data_path(cfg)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
-    model, dense_opt, emb_opt, step_fn, ckpt = build_serialized(cfg, schema, rt, run_dir)
+    model, dense_opt, emb_opt, step_fn, ckpt = build_tables_once(cfg, schema, rt, run_dir)
     ckpt.log = rt.log
     start = 0
     if rt.rank == 0:
