@@ -74,8 +74,8 @@ def build_serialized(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
     """Create the model's tables one rank at a time.
 
     Two workers creating the same TFRA table on a PS at the same instant crash the PS
-    (ARCHITECTURE.md). Rank 0 creates every table and slot table first; each further rank
-    binds to them in turn, after a barrier; a last barrier ends creation before any rank
+    (docs/architecture.md, hazard 4). Rank 0 creates every table and slot table first; each further
+    rank binds to them in turn, after a barrier; a last barrier ends creation before any rank
     trains. With local tables (no PS) there is nothing to serialise.
 
     Measured on this stack (tests/test_distributed.py, 2 ranks, 2 PS): with creation merely
