@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 from gmeta_tf.data import format as fmt
 from gmeta_tf.data import stats
+from gmeta_tf.data.format import load_schema
 from gmeta_tf.errors import DataError
-from gmeta_tf.metaio.reader import load_schema
 
 KEY = "table_stats"
 

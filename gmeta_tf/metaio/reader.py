@@ -28,9 +28,7 @@ surface while iterating, as a ``tf.errors.OpError`` whose message names the file
 """
 from __future__ import annotations
 
-import json
-import os
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +38,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from gmeta_tf.config.schema import DataConfig
 from gmeta_tf.data import format as fmt
+from gmeta_tf.data.format import load_schema, split_files  # noqa: F401  (part of this module's API)
 from gmeta_tf.errors import DataError
 from gmeta_tf.metaio import decode
 
@@ -54,59 +53,6 @@ __all__ = ["load_schema", "make_dataset", "batch_signature", "split_files", "BLO
 # --------------------------------------------------------------------------------------------
 # schema and files
 # --------------------------------------------------------------------------------------------
-def load_schema(path: str) -> dict:
-    """Read ``<path>/schema.json``, refusing anything but ``format.FORMAT_VERSION``."""
-    file = os.path.join(path, fmt.SCHEMA_FILE)
-    if not os.path.isfile(file):
-        raise DataError(f"{file}: not found; is '{path}' a directory written by 'gmeta data prepare'?")
-    try:
-        with open(file, "r", encoding="utf-8") as f:
-            schema = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{file}: cannot be read as JSON: {e}") from None
-    if not isinstance(schema, dict):
-        raise DataError(f"{file}: expected a JSON object, got {type(schema).__name__}")
-    version = schema.get("format_version")
-    if version != fmt.FORMAT_VERSION:
-        raise DataError(
-            f"{file}: format_version {version!r} is not supported (this reader reads version "
-            f"{fmt.FORMAT_VERSION}); re-run 'gmeta data prepare'"
-        )
-    for key in ("categorical", "multi_hot", "dense"):
-        entries = schema.get(key) or []
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e for e in entries):
-            raise DataError(f"{file}: '{key}' must be a list of objects with a 'name'")
-    return schema
-
-
-def split_files(path: str, split: str, schema: Optional[dict] = None) -> List[str]:
-    """All part files of ``split``, sorted (the order ``shard_files`` assigns ranks by).
-
-    When ``schema.json`` lists the split's files they must all be present: a half-copied
-    dataset would otherwise train silently on a subset.
-    """
-    if split not in fmt.SPLITS:
-        raise DataError(f"unknown split '{split}'; expected one of {', '.join(fmt.SPLITS)}")
-    folder = os.path.join(path, split)
-    found = sorted(
-        os.path.join(folder, f) for f in (os.listdir(folder) if os.path.isdir(folder) else []) if f.endswith(".parquet")
-    )
-    listed = (((schema or {}).get("splits") or {}).get(split) or {}).get("files")
-    if listed:
-        have = {os.path.basename(f) for f in found}
-        missing = [f for f in listed if os.path.basename(f) not in have]
-        if missing:
-            raise DataError(
-                f"split '{split}': schema.json lists {len(listed)} file(s) but {missing[0]!r} "
-                f"is missing from {folder}"
-            )
-        wanted = {os.path.basename(f) for f in listed}
-        found = [f for f in found if os.path.basename(f) in wanted]
-    if not found:
-        raise DataError(f"split '{split}' has no Parquet files in {folder}")
-    return found
-
-
 def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
