@@ -93,7 +93,7 @@ def test_fit_recovers_an_additive_cost_and_reports_its_error():
 
 
 def test_calibration_on_a_real_ps_gives_a_fittable_model(tmp_path, monkeypatch):
-    from gmeta_tf.plan.calibrate import Settings, calibrate
+    from gmeta_tf.calibration.calibrate import Settings, calibrate
     from gmeta_tf.plan.cost_model import save_model
     from tests.cluster_helpers import LAUNCH_ID_ENV, processes_with_env
 
@@ -112,7 +112,7 @@ def test_calibration_on_a_real_ps_gives_a_fittable_model(tmp_path, monkeypatch):
 
 
 def test_a_failing_microbenchmark_is_one_error_and_leaves_no_process(monkeypatch):
-    from gmeta_tf.plan.calibrate import CalibrationError, _run_chunk
+    from gmeta_tf.calibration.calibrate import CalibrationError, _run_chunk
     from tests.cluster_helpers import LAUNCH_ID_ENV, processes_with_env
 
     monkeypatch.setenv(LAUNCH_ID_ENV, "calib-test-fail")
