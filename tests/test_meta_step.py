@@ -98,3 +98,20 @@ def test_erm_loss_is_the_mean_sample_loss():
         m = batch[w]["mask"].numpy() > 0
         errs.append(((s - y) ** 2)[m])
     assert loss == pytest.approx(float(np.concatenate(errs).mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("algo, adapt, second, emb", [("maml", "top", True, False), ("fomaml", "dense", False, False),
+                                                      ("maml", "dense+embedding", True, True)])
+def test_inner_loop_spec_is_derived_from_the_config_in_one_place(algo, adapt, second, emb):
+    from gmeta_tf.meta.inner_loop import InnerLoopSpec
+
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), tiny_schema("click"))
+    meta = MetaConfig(algo=algo, adapt=adapt, inner_steps=3, inner_lr=0.25, embedding_inner_lr=0.5)
+    spec = InnerLoopSpec.from_meta(model, meta)
+    assert (spec.steps, spec.lr, spec.embedding_lr) == (3, 0.25, 0.5)
+    assert (spec.second_order, spec.adapt_embeddings) == (second, emb)
+    assert spec.adapted == tuple(model.adapted_names(adapt)) and len(spec.adapted) > 0
+    ev = spec.for_evaluation(steps=7, lr=0.1)
+    assert (ev.steps, ev.lr, ev.second_order, ev.adapted) == (7, 0.1, False, spec.adapted)
+    with pytest.raises(AttributeError):  # frozen: a spec passed down cannot be changed underway
+        spec.steps = 1

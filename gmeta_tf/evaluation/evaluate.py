@@ -9,6 +9,7 @@ trained and, separately, fine-tuned on the support set (``*_finetune`` keys).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -18,7 +19,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
 from gmeta_tf.evaluation import metrics
-from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights
+from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
 from gmeta_tf.metaio.reader import make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import predictions
@@ -28,11 +29,10 @@ from gmeta_tf.model.sparse_features import lookup_batch
 def query_predictions(model: DLRM, cfg: Config, batch: dict, *, steps: int, lr: float,
                       adapt_set: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Query predictions before and after ``steps`` inner steps (``[T, Q]`` each)."""
-    per_task = adapt_set == "dense+embedding"
+    spec = InnerLoopSpec.from_meta(model, replace(cfg.meta, adapt=adapt_set)).for_evaluation(steps, lr)
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=False, per_task=per_task)
-    adapted = model.adapted_names(adapt_set)
-    fast = initial_fast_weights(model, sparse, adapted, tf.shape(batch["task_mask"])[0])
+                          trainable=False, per_task=spec.adapt_embeddings)
+    fast = initial_fast_weights(model, sparse, spec.adapted, tf.shape(batch["task_mask"])[0])
     q = batch["query"]
 
     def score(f):
@@ -41,9 +41,7 @@ def query_predictions(model: DLRM, cfg: Config, batch: dict, *, steps: int, lr: 
 
     before = score(fast)
     if steps > 0:
-        fast = adapt(model, fast, batch, adapted=adapted, steps=steps, lr=lr,
-                     adapt_embeddings=per_task, embedding_lr=cfg.meta.embedding_inner_lr,
-                     second_order=False)
+        fast = adapt(model, fast, batch, spec)
     return before, score(fast)
 
 
