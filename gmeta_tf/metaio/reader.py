@@ -57,7 +57,7 @@ def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _check_file(file: str, layout: decode.Layout) -> int:
+def _check_file(file: str, layout: decode.BlockLayout) -> int:
     """Columns and Arrow types of one file against schema.json (footer only, plus one block of
     the dense columns, whose width the Arrow type does not tell). Returns its number of tasks."""
     try:
@@ -114,7 +114,7 @@ def _check_file(file: str, layout: decode.Layout) -> int:
 # --------------------------------------------------------------------------------------------
 # signatures
 # --------------------------------------------------------------------------------------------
-def _signature(layout: decode.Layout, t) -> Dict[str, object]:
+def _signature(layout: decode.BlockLayout, t) -> Dict[str, object]:
     def one(width: int) -> Dict[str, object]:
         return {
             "label": tf.TensorSpec([t, width], tf.float32),
@@ -132,7 +132,7 @@ def _signature(layout: decode.Layout, t) -> Dict[str, object]:
     }
 
 
-def _layout(schema: dict, cfg: DataConfig) -> decode.Layout:
+def _layout(schema: dict, cfg: DataConfig) -> decode.BlockLayout:
     return decode.layout_from_schema(schema, cfg.support, cfg.query, cfg.max_multi_hot)
 
 
@@ -147,7 +147,7 @@ def batch_signature(schema: dict, cfg: DataConfig) -> Dict[str, object]:
 # --------------------------------------------------------------------------------------------
 # the pipeline
 # --------------------------------------------------------------------------------------------
-def _file_dataset(layout: decode.Layout, shuffle: bool, base_seed: int):
+def _file_dataset(layout: decode.BlockLayout, shuffle: bool, base_seed: int):
     """``(file, epoch, index) -> Dataset`` of decoded blocks of one Parquet file."""
     columns = layout.columns()
     block_spec = _signature(layout, None)
@@ -185,7 +185,7 @@ def _file_dataset(layout: decode.Layout, shuffle: bool, base_seed: int):
     return make
 
 
-def _add_empty_dense(batch, layout: decode.Layout, n):
+def _add_empty_dense(batch, layout: decode.BlockLayout, n):
     """Give a batch its ``[n, W, 0]`` dense tensors after batching.
 
     With no dense features they are zero-sized, and ``unbatch`` of a zero-sized component
