@@ -7,9 +7,9 @@ import pytest
 from gmeta_tf.errors import PlanError, UserError
 from gmeta_tf.plan import planner
 from gmeta_tf.plan.baselines import BASELINES
-from gmeta_tf.plan.enumerate import ShardLayout, candidate_layouts, shards_of
 from gmeta_tf.plan.placement_file import ColumnSplit
 from gmeta_tf.plan.planner import ALGOS
+from gmeta_tf.plan.shard_layouts import ShardLayout, candidate_layouts, shards_of
 from gmeta_tf.plan.spec import Shard, TableStats
 
 SAMPLES = 2048

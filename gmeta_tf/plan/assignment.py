@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
-from gmeta_tf.plan.enumerate import WHOLE, ShardLayout, shards_of
 from gmeta_tf.plan.placement_file import ColumnSplit, TablePlacement
+from gmeta_tf.plan.shard_layouts import WHOLE, ShardLayout, shards_of
 from gmeta_tf.plan.spec import Shard, TableStats
 
 Key = Tuple

@@ -21,7 +21,7 @@ import numpy as np
 
 from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Registry, State
-from gmeta_tf.plan.enumerate import WHOLE, ShardLayout, shards_of
+from gmeta_tf.plan.shard_layouts import WHOLE, ShardLayout, shards_of
 from gmeta_tf.plan.spec import TableStats
 
 KEYS: Dict[str, Callable[[TableStats, int], float]] = {

@@ -13,8 +13,8 @@ from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Evaluator, Plan, Registry, State, to_plan
 from gmeta_tf.plan.baselines import BASELINES, PACK, greedy
 from gmeta_tf.plan.cost_model import load_cost_model
-from gmeta_tf.plan.enumerate import ShardLayout, shards_of
 from gmeta_tf.plan.search import repair_seed, search, split_seed
+from gmeta_tf.plan.shard_layouts import ShardLayout, shards_of
 from gmeta_tf.plan.spec import TableStats
 
 ALGOS = ["planner", *BASELINES]

@@ -23,7 +23,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from gmeta_tf.plan.assignment import Evaluator, Key, State, objective
-from gmeta_tf.plan.enumerate import WHOLE, ShardLayout, candidate_layouts, smallest_fitting_row_split
+from gmeta_tf.plan.shard_layouts import WHOLE, ShardLayout, candidate_layouts, smallest_fitting_row_split
 from gmeta_tf.plan.spec import TableStats
 
 Change = Tuple[str, ShardLayout, Tuple[int, ...]]
