@@ -1,4 +1,4 @@
-"""``gmeta data prepare``: sample-level tables → the task-major Meta-IO format (``format.py``).
+"""``gmeta data prepare``: sample-level tables → the task-major Meta-IO format (``task_format.py``).
 
 Why task-major: a meta step needs, per task, a support set and a query set. Grouping samples
 by task once, offline, turns the reader's job into "read one row per task", which is cheap,
@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gmeta_tf.config.schema import PrepareConfig
-from gmeta_tf.data import format as fmt
 from gmeta_tf.data import stats
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.atomic import atomic_dir, check_target
 from gmeta_tf.data.convert import REASONS, Samples, convert
 from gmeta_tf.data.read_input import Mapping, read_inputs, resolve_inputs, resolve_mapping

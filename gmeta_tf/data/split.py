@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 
 

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 
 

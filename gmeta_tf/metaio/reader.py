@@ -1,4 +1,4 @@
-"""Meta-IO: task-major Parquet (``gmeta_tf.data.format``) → ``tf.data`` batches of T padded tasks.
+"""Meta-IO: task-major Parquet (``gmeta_tf.data.task_format``) → ``tf.data`` batches of T padded tasks.
 
 Design, and why:
 
@@ -16,7 +16,7 @@ Design, and why:
   tasks, yet the order differs from epoch to epoch, and everything is reproducible from
   ``cfg.seed + rank``. Batching happens after the epochs are chained, so no task is dropped
   at an epoch boundary.
-* **Sharding by file.** Rank ``r`` of ``n`` reads ``format.shard_files(files, r, n)``: disjoint
+* **Sharding by file.** Rank ``r`` of ``n`` reads ``task_format.shard_files(files, r, n)``: disjoint
   tasks per rank without any coordination.
 * **Evaluation** is one deterministic pass; the last partial batch is filled with padding tasks
   (``task_mask`` 0) so evaluation runs the same fixed-shape function as everything else.
@@ -37,8 +37,8 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from gmeta_tf.config.schema import DataConfig
-from gmeta_tf.data import format as fmt
-from gmeta_tf.data.format import load_schema, split_files  # noqa: F401  (part of this module's API)
+from gmeta_tf.data import task_format as fmt
+from gmeta_tf.data.task_format import load_schema, split_files  # noqa: F401  (part of this module's API)
 from gmeta_tf.errors import DataError
 from gmeta_tf.metaio import decode
 
