@@ -86,7 +86,7 @@ class DataConfig:
     max_multi_hot: int = 8  # ids kept per multi-hot feature value
     shuffle_buffer: int = 2048
     parallel_reads: int = 2
-    prefetch: int = 4
+    prefetch: int = 4  # tf.data batches read ahead of the step (hot.prefetch is about cold embedding rows)
     seed: int = 0
 
     def __post_init__(self) -> None:
