@@ -32,7 +32,8 @@ def _grads(model, fn, batch):
     return float(loss), [tf.convert_to_tensor(x).numpy() for x in g]
 
 
-@pytest.mark.parametrize("kind", ["click", "rating"])
+# The unit tier checks every algo x adapt on the click head; the rating head adds the full matrix.
+@pytest.mark.parametrize("kind", ["click", pytest.param("rating", marks=pytest.mark.integration)])
 @pytest.mark.parametrize("adapt", ["top", "dense", "dense+embedding"])
 @pytest.mark.parametrize("algo", ["maml", "fomaml"])
 def test_vectorized_matches_task_loop(algo, adapt, kind):
