@@ -9,7 +9,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVOD_VERSION := 0.28.1
 
-.PHONY: install test test-fast demo bench quality lint clean
+.PHONY: install test test-fast lint-imports demo bench quality lint clean
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
 
 $(VENV)/bin/python:
@@ -36,8 +36,18 @@ $(VENV)/.stamp-package: $(VENV)/.stamp-base setup.py
 	$(PIP) install --no-deps --no-build-isolation -e .
 	touch $@
 
-test: install
+# The full suite: unit and integration tiers, after the architecture contract.
+test: install lint-imports
 	$(PY) -m pytest -q tests
+
+# The unit tier (tests not marked `integration` in pytest.ini): no PS, horovodrun or long
+# training; a few minutes on 2 cores.
+test-fast: install lint-imports
+	$(PY) -m pytest -q -m "not integration" tests
+
+# The layers of docs/architecture.md, as written in .importlinter.
+lint-imports: install
+	$(VENV)/bin/lint-imports
 
 demo: install
 	$(VENV)/bin/gmeta demo --config configs/quickstart.yaml --out runs/demo
@@ -51,6 +61,7 @@ quality: install
 
 lint: install
 	$(VENV)/bin/ruff check gmeta_tf ps launch bench tests
+	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf runs bench/results.json
+	rm -rf runs bench/results.json .import_linter_cache

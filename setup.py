@@ -6,7 +6,7 @@ setup(
     description="Distributed meta-learning trainer for deep recommendation models (TFRA + Horovod)",
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["gmeta_tf", "gmeta_tf.*", "ps", "ps.*", "launch", "launch.*"]),
-    package_data={"gmeta_tf": ["resources/*"], "launch": ["templates/*"]},
+    package_data={"gmeta_tf": ["resources/*"], "launch": ["templates/*", "schemas/*"]},
     install_requires=[
         "numpy==1.26.4",
         "tensorflow==2.16.2",

@@ -1,5 +1,7 @@
 """``gmeta demo`` / ``make demo``: the whole embedded slice on generated data, side by side.
 
+The command line lives in ``cli/demo_cmd.py``; this is the library call it makes.
+
 synth → prepare → train MAML → train ERM (same model, same samples, no inner loop) → evaluate
 both on test users never seen in training → one table. Every step is the same library call the
 individual commands make, so the demo is also a smoke test of the public path.
@@ -11,8 +13,6 @@ import shutil
 import time
 from pathlib import Path
 from typing import Callable, Dict, Sequence
-
-import click
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import Config
@@ -51,19 +51,3 @@ def run_demo(config_path: str, out: str | Path, overrides: Sequence[str] = (), t
     log(f"MAML per-task AUC − ERM per-task AUC: {gain:+.4f}   ({time.perf_counter() - t0:.0f} s in all)")
     (out / "demo_summary.json").write_text(json.dumps(results, indent=1))
     return results
-
-
-@click.command()
-@click.option("--config", "config_path", default="configs/quickstart.yaml", show_default=True)
-@click.option("--out", default="runs/demo", show_default=True)
-@click.option("--tasks", default=10000, show_default=True, type=int, help="Synthetic users.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE")
-def demo(config_path, out, tasks, overrides):
-    """Generate data, meta-train and ERM-train a DLRM, compare them on unseen users."""
-    from gmeta_tf.cli.common import friendly_errors
-
-    friendly_errors(run_demo)(config_path, out, overrides, tasks=tasks)
-
-
-if __name__ == "__main__":
-    demo()

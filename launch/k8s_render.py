@@ -252,19 +252,25 @@ def to_yaml(docs: List[Dict[str, Any]]) -> str:
 
 # ------------------------------------------------------------------------------ validation
 
+class CrdNotFoundError(UserError):
+    """The TFJob CRD to validate against is missing: validation is never skipped silently."""
+
+
 def crd_path() -> Path:
+    """The vendored CRD (``launch/schemas/``, see its README for source and licence), or ``$GMETA_TFJOB_CRD``."""
     override = os.environ.get(CRD_ENV)
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "shared" / "schemas" / CRD_FILE
+    return Path(__file__).resolve().parent / "schemas" / CRD_FILE
 
 
 @functools.lru_cache(maxsize=4)
 def _load_schema(path: str) -> Dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"TFJob CRD not found at {p}: set {CRD_ENV} to a copy of {CRD_FILE} "
-                        "(training-operator v1.9.0, manifests/base/crds)")
+        raise CrdNotFoundError(f"TFJob CRD not found at {p}: set {CRD_ENV} to a copy of {CRD_FILE} "
+                               "(training-operator v1.9.0, manifests/base/crds), or reinstall gmeta-tf "
+                               "(it ships one in launch/schemas/)")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         docs = list(yaml.load_all(p.read_text(), Loader=loader))

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gmeta_tf.config.schema import PrepareConfig
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 
 
 @pytest.fixture(scope="session")

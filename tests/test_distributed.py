@@ -30,6 +30,8 @@ from gmeta_tf.errors import ClusterError
 from gmeta_tf.evaluation.evaluate import evaluate
 from gmeta_tf.train.trainer import load_trained
 
+pytestmark = pytest.mark.integration  # real PS processes and horovodrun
+
 # Test-task AUC of 2 workers (T=16 each) against 1 process (T=32): same total batch, same steps.
 AUC_TOLERANCE = 0.03
 

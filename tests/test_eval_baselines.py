@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import ConfigError
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 from gmeta_tf.evaluation import baselines, ranking
 from gmeta_tf.evaluation.baselines import TaskItems

@@ -19,6 +19,8 @@ from gmeta_tf.hot.rows import hot_digest
 from gmeta_tf.hot.select import select_hot
 from gmeta_tf.train.trainer import load_trained
 
+pytestmark = pytest.mark.integration  # horovodrun with real PS processes
+
 # Mean per-task test AUC with the split on vs off (same data, seed, steps, 2 workers + 2 PS).
 # Hot rows get one Adam step per global step with the mean gradient over ranks, cold rows one
 # per rank: the runs differ by that and by run-to-run asynchrony, not by more.

@@ -13,6 +13,8 @@ from gmeta_tf.hot.select import select_hot
 from gmeta_tf.train.dense_sync import LocalSync
 from gmeta_tf.train.trainer import load_trained, train
 
+pytestmark = pytest.mark.integration  # several trainings to checkpoints
+
 
 @pytest.fixture(scope="module")
 def profile(prepared_2500, tmp_path_factory):

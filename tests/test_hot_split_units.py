@@ -146,9 +146,11 @@ def _state(model, emb_opt):
     return out
 
 
-@pytest.mark.parametrize("optimizer,adapt,prefetch,bp_v2", [("adam", "top", True, True),
-                                                            ("adagrad", "dense+embedding", True, False),
-                                                            ("adam", "top", False, False)])
+# The unit tier runs the default path (Adam, prefetch on); the other two run in the full suite.
+@pytest.mark.parametrize("optimizer,adapt,prefetch,bp_v2", [
+    ("adam", "top", True, True),
+    pytest.param("adagrad", "dense+embedding", True, False, marks=pytest.mark.integration),
+    pytest.param("adam", "top", False, False, marks=pytest.mark.integration)])
 def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt, prefetch, bp_v2):
     """Same rows, same batches: hot rows trained locally end up where the PS path puts them, and
     so do cold rows read one step ahead and written one step behind (prefetch): the patch of

@@ -18,6 +18,7 @@ from gmeta_tf.config.loader import config_from_dict, load_config
 from gmeta_tf.errors import UserError
 from launch.k8s_render import (
     CRD_ENV,
+    CrdNotFoundError,
     crd_path,
     default_job_name,
     render_manifests,
@@ -247,12 +248,30 @@ def test_cli_render_out_file_and_cluster_ps_note(tmp_path):
     assert config_from_dict(yaml.safe_load(configmap["data"]["config.yaml"])).cluster.ps == []
 
 
-def test_cli_render_without_crd_still_renders_with_a_note(tmp_path, monkeypatch):
-    monkeypatch.setenv(CRD_ENV, str(tmp_path / "missing.yaml"))
-    r = _invoke(BASE + ["--checkpoint-pvc", "ckpt"])
-    assert r.exit_code == 0, r.output + r.stderr
-    assert "not validated" in r.stderr
-    assert [d["kind"] for d in yaml.safe_load_all(r.stdout)] == ["ConfigMap", "TFJob"]
+def test_cli_render_without_crd_is_an_error_and_writes_nothing(tmp_path, monkeypatch):
+    # Issue 14: a missing schema used to be a note on stderr and an unvalidated TFJob.
+    missing = tmp_path / "missing.yaml"
+    monkeypatch.setenv(CRD_ENV, str(missing))
+    out = tmp_path / "job.yaml"
+    r = _invoke(BASE + ["--checkpoint-pvc", "ckpt", "--out", str(out)])
+    assert r.exit_code == 2, r.output + r.stderr
+    assert f"TFJob CRD not found at {missing}" in r.stderr and CRD_ENV in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert r.stdout == "" and not out.exists()
+
+
+def test_missing_crd_is_a_typed_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(CRD_ENV, str(tmp_path / "gone.yaml"))
+    with pytest.raises(CrdNotFoundError):
+        validate_tfjob({"apiVersion": "kubeflow.org/v1", "kind": "TFJob"})
+
+
+def test_default_crd_is_the_vendored_copy_with_its_licence():
+    here = crd_path()
+    assert here == ROOT / "launch" / "schemas" / "kubeflow.org_tfjobs.v1.9.0.yaml"
+    notice = (here.parent / "README.md").read_text()
+    assert "kubeflow/training-operator" in notice and "v1.9.0" in notice and "Apache" in notice
+    assert "Apache License" in (here.parent / "LICENSE-Apache-2.0").read_text()
 
 
 @pytest.mark.parametrize("extra,needle", [

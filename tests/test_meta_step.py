@@ -32,7 +32,8 @@ def _grads(model, fn, batch):
     return float(loss), [tf.convert_to_tensor(x).numpy() for x in g]
 
 
-@pytest.mark.parametrize("kind", ["click", "rating"])
+# The unit tier checks every algo x adapt on the click head; the rating head adds the full matrix.
+@pytest.mark.parametrize("kind", ["click", pytest.param("rating", marks=pytest.mark.integration)])
 @pytest.mark.parametrize("adapt", ["top", "dense", "dense+embedding", "head-newton"])
 @pytest.mark.parametrize("algo", ["maml", "fomaml"])
 def test_vectorized_matches_task_loop(algo, adapt, kind):
@@ -105,7 +106,7 @@ def test_erm_loss_is_the_mean_sample_loss():
 def test_newton_head_is_the_ridge_fit_of_each_task():
     """One Newton step on the head for ratings is, per task, the ridge regression of the
     support residuals on [hidden, 1] with penalty λ‖Δ‖² (numpy's lstsq on the stacked system)."""
-    from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights
+    from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
     from gmeta_tf.model.sparse_features import lookup_batch
 
     schema = tiny_schema("rating")
@@ -115,8 +116,9 @@ def test_newton_head_is_the_ridge_fit_of_each_task():
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=False, per_task=False)
     adapted = model.adapted_names("head")
     fast0 = initial_fast_weights(model, sparse, adapted, T)
-    fast = adapt(model, fast0, batch, adapted=adapted, steps=1, lr=0.0, adapt_embeddings=False,
-                 embedding_lr=0.0, second_order=False, solver="newton", ridge_lambda=lam)
+    spec = InnerLoopSpec(adapted=tuple(adapted), steps=1, lr=0.0, adapt_embeddings=False, embedding_lr=0.0,
+                         second_order=False, solver="newton", ridge_lambda=lam)
+    fast = adapt(model, fast0, batch, spec)
     s = batch["support"]
     hidden = model.tower.hidden(fast0.dense, s["dense"], sparse.embed("support")).numpy()
     base = model.tower.forward(fast0.dense, s["dense"], sparse.embed("support")).numpy()
@@ -154,3 +156,20 @@ def test_learned_ridge_prior_gets_a_gradient_and_matches_the_task_loop(algo):
     for a, b in zip(g_v, g_l):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert np.abs(g_v[names.index(RIDGE_PRIOR)]).max() > 1e-4
+
+
+@pytest.mark.parametrize("algo, adapt, second, emb", [("maml", "top", True, False), ("fomaml", "dense", False, False),
+                                                      ("maml", "dense+embedding", True, True)])
+def test_inner_loop_spec_is_derived_from_the_config_in_one_place(algo, adapt, second, emb):
+    from gmeta_tf.meta.inner_loop import InnerLoopSpec
+
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), tiny_schema("click"))
+    meta = MetaConfig(algo=algo, adapt=adapt, inner_steps=3, inner_lr=0.25, embedding_inner_lr=0.5)
+    spec = InnerLoopSpec.from_meta(model, meta)
+    assert (spec.steps, spec.lr, spec.embedding_lr) == (3, 0.25, 0.5)
+    assert (spec.second_order, spec.adapt_embeddings) == (second, emb)
+    assert spec.adapted == tuple(model.adapted_names(adapt)) and len(spec.adapted) > 0
+    ev = spec.for_evaluation(steps=7, lr=0.1)
+    assert (ev.steps, ev.lr, ev.second_order, ev.adapted) == (7, 0.1, False, spec.adapted)
+    with pytest.raises(AttributeError):  # frozen: a spec passed down cannot be changed underway
+        spec.steps = 1

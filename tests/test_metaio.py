@@ -1,6 +1,6 @@
 """Meta-IO reader: exact padded values, standardization, sharding, eval padding, shuffling, errors.
 
-Fixtures are written here with pyarrow straight from ``gmeta_tf.data.format`` (not via
+Fixtures are written here with pyarrow straight from ``gmeta_tf.data.task_format`` (not via
 ``prepare``) so the reader is tested against the format contract alone, and compared with a
 deliberately naive per-task Python reference.
 """
@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from gmeta_tf.config.schema import DataConfig
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 from gmeta_tf.metaio import decode, reader
 

@@ -43,6 +43,7 @@ def test_prepare_records_table_stats_of_the_train_split(prepared, split_table):
     assert all(len(v["skew"]) == N_SKEW_BINS and abs(sum(v["skew"]) - 1) < 1e-5 for v in st.values())
 
 
+@pytest.mark.integration  # runs the gmeta CLI as a subprocess
 def test_data_stats_recomputes_and_rewrites_schema(prepared, tmp_path):
     d = tmp_path / "copy"
     shutil.copytree(prepared, d)
@@ -67,6 +68,7 @@ def test_tables_from_data_takes_dim_from_config_and_caps_pooling(prepared):
     assert tabs["item_id"].rows == json.loads((prepared / "schema.json").read_text())["table_stats"]["item_id"]["rows"]
 
 
+@pytest.mark.integration  # runs the gmeta CLI as a subprocess
 def test_plan_cli_writes_placement_and_prints_per_ps_table(prepared, tmp_path):
     out = tmp_path / "placement.yaml"
     r = run_gmeta(["plan", "--data", str(prepared), "--ps", "2", "--mem-per-ps", "64MiB", "--seed", "1",
@@ -94,6 +96,7 @@ def test_plan_cli_writes_placement_and_prints_per_ps_table(prepared, tmp_path):
     assert r.returncode == 0 and "(size-greedy)" in r.stdout, r.stderr[-2000:]
 
 
+@pytest.mark.integration  # runs the gmeta CLI as a subprocess
 def test_plan_cli_infeasible_names_the_table(prepared, tmp_path):
     r = run_gmeta(["plan", "--data", str(prepared), "--ps", "2", "--mem-per-ps", "1KiB", "--out",
                    str(tmp_path / "p.yaml")], timeout=120)

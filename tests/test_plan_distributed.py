@@ -12,9 +12,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from cluster_helpers import GMETA, LocalCluster
 
 from gmeta_tf.plan.placement_file import ColumnSplit, read_placement, write_placement
+
+pytestmark = pytest.mark.integration  # real PS processes and horovodrun
 
 PLACEMENT = {
     "item_id": [0, 1],                            # row-split over both PS

@@ -7,9 +7,9 @@ import pytest
 from gmeta_tf.errors import PlanError, UserError
 from gmeta_tf.plan import planner
 from gmeta_tf.plan.baselines import BASELINES
-from gmeta_tf.plan.enumerate import Layout, candidate_layouts, shards_of
 from gmeta_tf.plan.placement_file import ColumnSplit
 from gmeta_tf.plan.planner import ALGOS
+from gmeta_tf.plan.shard_layouts import ShardLayout, candidate_layouts, shards_of
 from gmeta_tf.plan.spec import Shard, TableStats
 
 SAMPLES = 2048
@@ -49,7 +49,7 @@ def check_plan(plan, tabs, ps, mem, slots):
     for t in tabs:
         got = sorted(by_table[t.name], key=lambda x: x[0].index)
         kind, parts = got[0][0].kind, got[0][0].of
-        assert [s for s, _ in got] == shards_of(t, Layout(kind, parts))
+        assert [s for s, _ in got] == shards_of(t, ShardLayout(kind, parts))
         pss = [p for _, p in got]
         assert len(set(pss)) == len(pss)  # shards of one table on distinct PS
         spec = plan.placement[t.name]
@@ -66,7 +66,7 @@ def test_plans_never_exceed_memory(case):
     slots = int(rng.choice([1, 2]))
     tabs = tables(int(rng.integers(5, 40)), case)
     total = sum(t.bytes(slots) for t in tabs)
-    biggest_row_shard = max(shards_of(t, Layout("row", ps))[0].bytes(slots) for t in tabs)
+    biggest_row_shard = max(shards_of(t, ShardLayout("row", ps))[0].bytes(slots) for t in tabs)
     # from very tight (1-3% headroom over the total) to roomy
     mem = max(int(total / ps * float(rng.choice([1.01, 1.03, 1.1, 1.5, 3.0]))), biggest_row_shard)
     for algo in ALGOS:
@@ -176,9 +176,9 @@ def test_enumerator_layouts():
     assert [str(x) for x in lays] == ["whole", "columnx2", "rowx2", "rowx3", "rowx4"]
     odd = TableStats("o", 500, 7, 1.0)
     assert [str(x) for x in candidate_layouts(odd, 4, 1 << 30, 2)] == ["whole"]  # small, odd dim
-    halves = shards_of(t, Layout("column", 2))
+    halves = shards_of(t, ShardLayout("column", 2))
     assert [(s.dim, s.rows, s.pooling) for s in halves] == [(8, 50_000, 1.0)] * 2
-    rows = shards_of(t, Layout("row", 3))
+    rows = shards_of(t, ShardLayout("row", 3))
     assert [s.rows for s in rows] == [math.ceil(50_000 / 3)] * 3 and rows[0].pooling == pytest.approx(1 / 3)
 
 

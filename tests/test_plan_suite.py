@@ -9,6 +9,7 @@ from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.cost_model import load_cost_model
 
 
+@pytest.mark.integration  # builds the whole benchmark suite twice: minutes of CPU
 def test_suite_is_fixed_and_covers_what_the_issue_asks():
     suite = tasks()
     assert len(suite) >= 30
@@ -24,6 +25,7 @@ def test_suite_is_fixed_and_covers_what_the_issue_asks():
     assert all(sum(x.bytes(OPTIMIZER_SLOTS) for x in t.tables) > 0.85 * t.ps * t.mem_per_ps for t in tight)
 
 
+@pytest.mark.integration  # plans every task of the benchmark suite with six algorithms: minutes of CPU
 def test_planner_never_worse_than_the_best_baseline_on_predicted_cost():
     from gmeta_tf.plan.planner import make_plan
 

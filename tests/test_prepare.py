@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from gmeta_tf.cli.data_cmd import data
 from gmeta_tf.config.schema import PrepareConfig
-from gmeta_tf.data import format as fmt
 from gmeta_tf.data import prepare as prepare_mod
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.convert import hash_unique
 from gmeta_tf.data.prepare import prepare
 from gmeta_tf.errors import DataError

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from gmeta_tf.cli.data_cmd import data
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.synth import generate, synth
 
 

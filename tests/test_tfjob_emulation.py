@@ -21,6 +21,8 @@ from launch.k8s_render import render_manifests, validate_tfjob
 from launch.local_cluster import LocalCluster
 from ps.server import wait_ready
 
+pytestmark = pytest.mark.integration  # TFJob pods emulated as real processes
+
 AUC_TOLERANCE = 0.03  # emulated TFJob against `gmeta launch local`, same shape and steps
 STEPS = 150
 

@@ -1,4 +1,4 @@
-"""Regression tests for the TFRA hazards in ARCHITECTURE.md that can be shown in one process.
+"""Regression tests for the TFRA hazards in docs/architecture.md that can be shown in one process.
 
 If a TFRA upgrade changes the private behaviour ``tables.py`` relies on, these fail first.
 (The cross-process ones — PS tables shared by workers, concurrent creation — are in

@@ -41,12 +41,14 @@ def trained(data_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.integration  # trains MAML and ERM to convergence
 def test_training_loss_falls(trained):
     for algo, (summary, _) in trained.items():
         losses = [h["loss"] for h in summary["history"]]
         assert losses[-1] < 0.85 * losses[0], (algo, losses)
 
 
+@pytest.mark.integration  # trains MAML and ERM to convergence
 def test_maml_beats_erm_on_unseen_users(trained):
     maml, erm = trained["maml"][1], trained["erm"][1]
     assert maml["split"] == erm["split"] == "test" and maml["tasks"] == erm["tasks"] > 100
@@ -58,6 +60,7 @@ def test_maml_beats_erm_on_unseen_users(trained):
     assert "auc_finetune" in erm
 
 
+@pytest.mark.integration  # trains, resumes and evaluates through the CLI
 @pytest.mark.parametrize("where", ["local", "object-store"])
 def test_cli_train_resume_eval(data_dir, tmp_path, where):
     """Also with the run directory in an object store (``ram://`` stands in for gs:// / s3://:

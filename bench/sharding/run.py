@@ -3,7 +3,7 @@
 For every suite task and algorithm, ``make_plan`` gives a placement and its predicted max-PS
 cost (the shipped cost model). For the measured subset (2- and 4-PS tasks), every PS's shard
 set of every algorithm's plan is run on a real local PS process, one PS at a time, with the
-calibration microbenchmark (``gmeta_tf.plan.calibrate.measure_sets``); the measured max-PS cost
+calibration microbenchmark (``gmeta_tf.calibration.calibrate.measure_sets``); the measured max-PS cost
 is the slowest PS's cost as calibration measures it (the PS process's CPU ms per step,
 ``calibrate.COST``). The client's wall time per step is reported too (``*_wall``): on a
 shared 2-core box it also carries the client's own work and other processes' load.
@@ -37,7 +37,7 @@ def _improvement(costs: Dict[str, float]) -> Dict:
 def run(measure: bool = True, log: Callable[[str], None] = print, steps: int = 5, measure_all: bool = False) -> Dict:
     """``measure_all``: measure *every* 2- and 4-PS task (24 tasks of up to 80 tables, about
     40 min on 2 cores) instead of the suite's fixed subset (6 tasks, about 5 min)."""
-    from gmeta_tf.plan.calibrate import COST, measure_sets
+    from gmeta_tf.calibration.calibrate import COST, measure_sets
     from gmeta_tf.plan.planner import make_plan
 
     model = load_cost_model(None)

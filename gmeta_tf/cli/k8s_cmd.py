@@ -60,12 +60,9 @@ class RenderRequest:
         return docs
 
     def _validate(self, tfjob: Dict[str, Any]) -> None:
-        from launch.k8s_render import CRD_ENV, crd_path, validate_tfjob
+        from launch.k8s_render import validate_tfjob
 
-        if not crd_path().is_file():
-            self.notes.append(f"note: not validated against the TFJob CRD ({crd_path()} not found; set {CRD_ENV})")
-            return
-        validate_tfjob(tfjob)
+        validate_tfjob(tfjob)  # a missing CRD raises CrdNotFoundError: an unvalidated TFJob is never written
 
     def yaml(self) -> Tuple[List[Dict[str, Any]], str]:
         from launch.k8s_render import to_yaml

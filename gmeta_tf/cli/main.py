@@ -3,6 +3,7 @@ import click
 
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
 from gmeta_tf.cli.data_cmd import data
+from gmeta_tf.cli.demo_cmd import demo
 from gmeta_tf.cli.job_cmd import job_group
 from gmeta_tf.cli.k8s_cmd import k8s_group
 from gmeta_tf.cli.k8s_entrypoint_cmd import entrypoint_cmd
@@ -11,7 +12,6 @@ from gmeta_tf.cli.plan_cmd import plan_group
 from gmeta_tf.cli.ps_cmd import ps_group
 from gmeta_tf.cli.train_cmd import eval_cmd, train
 from gmeta_tf.cli.tune_cmd import tune
-from gmeta_tf.demo import demo
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -21,7 +21,7 @@ from gmeta_tf.cli.common import friendly_errors
 @friendly_errors
 def calibrate(ps_count: int, out, quick: bool, seed: int):
     """Measure PS lookup+update cost over random table sets and fit the cost model."""
-    from gmeta_tf.plan.calibrate import calibrate as run_calibration
+    from gmeta_tf.calibration.calibrate import calibrate as run_calibration
     from gmeta_tf.plan.cost_model import DEFAULT_MODEL, load_cost_model, save_model
 
     doc = run_calibration(ps_count, quick=quick, seed=seed, log=click.echo)

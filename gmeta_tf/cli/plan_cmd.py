@@ -63,7 +63,8 @@ def format_plan(plan) -> str:
 @click.option("--mem-per-ps", type=Size(), default="8GiB", show_default=True,
               help="Memory per PS for tables and optimizer slots (8GiB, 512MiB, ...).")
 @click.option("--algo", type=click.Choice(["planner", "random", "size-greedy", "dim-greedy", "lookup-greedy",
-                                           "size-lookup-greedy"]), default="planner", show_default=True)
+                                           "size-lookup-greedy"]), default="planner", show_default=True,
+              help="Placement algorithm: the planner's search or a baseline (not meta.algo, the training objective).")
 @click.option("--cost-model", "cost_model_path", default=None, help="Fitted cost model (default: the shipped one).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Workers that will train (samples per step reaching the PS scale with them).")

@@ -21,7 +21,8 @@ def train_options(f=None, *, with_ps: bool = True):
                      help="Continue from the run directory's latest checkpoint, if any.")(f)
     if with_ps:
         f = click.option("--ps", default=None, metavar="HOST:PORT,...",
-                         help="Parameter servers (sets cluster.ps; default: the config, or TF_CONFIG).")(f)
+                         help="Addresses of running parameter servers (sets cluster.ps; default: the config, or TF_CONFIG). "
+                              "Elsewhere (launch local, k8s render, plan) --ps is a count.")(f)
     return config_options(f)
 
 

@@ -1,6 +1,6 @@
 """Worker mode: join the Horovod ring, pin a GPU, connect to the parameter servers.
 
-``worker_runtime`` returns the ``trainer.Runtime`` that ``train`` runs with; nothing in the
+``worker_runtime`` returns the ``train.runtime.Runtime`` that ``train`` runs with; nothing in the
 model, the meta step or the checkpoint code knows whether it is distributed.
 
 * PS addresses come from ``cluster.ps`` (``--ps`` / ``--set``) or, in a TFJob pod, ``TF_CONFIG``.
@@ -13,7 +13,6 @@ model, the meta step or the checkpoint code knows whether it is distributed.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -21,6 +20,7 @@ from gmeta_tf.cluster.tf_config import tf_config_from_env
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.plan.placement_file import TablePlacement, check_tasks, read_placement
+from gmeta_tf.train.runtime import Runtime, connect_once
 
 JOB_NAMESPACE = "gmeta"
 
@@ -37,27 +37,12 @@ def is_distributed(cfg: Config) -> bool:
     return bool(ps_addresses(cfg)) or "HOROVOD_RANK" in os.environ
 
 
-def _connect(addr: str, timeout_s: float) -> None:
-    """Open and close a TCP connection to ``host:port``; OSError when nothing listens there."""
-    host, port = addr.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout_s):
-        pass
-
-
-def reachable(addr: str, timeout_s: float = 1.0) -> bool:
-    try:
-        _connect(addr, timeout_s)
-        return True
-    except OSError:
-        return False
-
-
 def wait_reachable(addresses: List[str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for i, addr in enumerate(addresses):
         while True:
             try:
-                _connect(addr, 2.0)
+                connect_once(addr, 2.0)
                 break
             except OSError as e:
                 if time.monotonic() >= deadline:
@@ -124,7 +109,6 @@ def pin_gpu(local_rank: int) -> Optional[str]:
 def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     import gmeta_tf  # noqa: F401
     from gmeta_tf.train.dense_sync import HorovodSync
-    from gmeta_tf.train.trainer import Runtime
 
     sync = HorovodSync.create()
     rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log

@@ -99,7 +99,7 @@ class DataConfig:
     max_multi_hot: int = 8  # ids kept per multi-hot feature value
     shuffle_buffer: int = 2048
     parallel_reads: int = 2
-    prefetch: int = 4
+    prefetch: int = 4  # tf.data batches read ahead of the step (hot.prefetch is about cold embedding rows)
     seed: int = 0
     # ``fixed``: a training task's support / query are as prepared (query = its latest samples).
     # ``resample``: re-dealt at random each epoch (gmeta_tf/metaio/episodes.py), so every sample

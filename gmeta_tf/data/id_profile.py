@@ -26,7 +26,7 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import pyarrow.parquet as pq
 
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 
 PROFILE_NPZ = "id_profile.npz"
@@ -173,7 +173,7 @@ def profile_ids(data_dir: str | Path, sample: float = 1.0, exact_max_ids: int = 
                 top_k: int = 1 << 17, sketch_width: int = 1 << 18, sketch_depth: int = 4,
                 seed: int = 0) -> Dict[str, TableProfile]:
     """Count ids per table over a ``sample`` fraction of the train split's tasks (seeded)."""
-    from gmeta_tf.metaio.reader import load_schema, split_files
+    from gmeta_tf.data.task_format import load_schema, split_files
 
     if not 0.0 < sample <= 1.0:
         raise DataError(f"--sample must be in (0, 1], got {sample}")

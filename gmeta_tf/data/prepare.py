@@ -1,4 +1,4 @@
-"""``gmeta data prepare``: sample-level tables → the task-major Meta-IO format (``format.py``).
+"""``gmeta data prepare``: sample-level tables → the task-major Meta-IO format (``task_format.py``).
 
 Why task-major: a meta step needs, per task, a support set and a query set. Grouping samples
 by task once, offline, turns the reader's job into "read one row per task", which is cheap,
@@ -27,12 +27,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gmeta_tf.config.schema import PrepareConfig
-from gmeta_tf.data import format as fmt
 from gmeta_tf.data import stats
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.atomic import atomic_dir, check_target
 from gmeta_tf.data.convert import REASONS, Samples, convert
 from gmeta_tf.data.read_input import Mapping, read_inputs, resolve_inputs, resolve_mapping
-from gmeta_tf.data.split import Layout, Selection, assign_splits, filter_tasks, sort_samples, support_query
+from gmeta_tf.data.split import Selection, SplitLayout, assign_splits, filter_tasks, sort_samples, support_query
 from gmeta_tf.errors import DataError
 
 
@@ -135,7 +135,7 @@ def _set_columns(which: str, c: _Columns, m: Mapping, a: int, b: int) -> Dict[st
 
 
 def _write_splits(
-    tmp: Path, s: Samples, m: Mapping, names: np.ndarray, layout: Layout, sel: Selection, cfg: PrepareConfig
+    tmp: Path, s: Samples, m: Mapping, names: np.ndarray, layout: SplitLayout, sel: Selection, cfg: PrepareConfig
 ) -> Dict[str, Dict]:
     sup = _Columns(s, m, sel.rows[~sel.is_query], sel.n_support)
     qry = _Columns(s, m, sel.rows[sel.is_query], sel.n_query)
@@ -171,7 +171,7 @@ def _write_splits(
 
 
 def _schema(
-    s: Samples, m: Mapping, layout: Layout, sel: Selection, cfg: PrepareConfig, split_info: Dict, summary: Dict
+    s: Samples, m: Mapping, layout: SplitLayout, sel: Selection, cfg: PrepareConfig, split_info: Dict, summary: Dict
 ) -> Dict:
     written = sel.rows
     n_train = layout.counts["train"]

@@ -19,7 +19,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from gmeta_tf.config.schema import PrepareConfig
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 
 
@@ -32,7 +32,7 @@ def filter_tasks(sizes: np.ndarray, min_size: int, max_size: int) -> Tuple[np.nd
 
 
 @dataclass
-class Layout:
+class SplitLayout:
     """Tasks (codes) in output order: split-major, then shard, then the shuffled task order."""
 
     order: np.ndarray  # task codes
@@ -49,7 +49,7 @@ def assign_splits(
     shards: int,
     seed: int,
     dropped: Optional[Dict[str, int]] = None,
-) -> Layout:
+) -> SplitLayout:
     k = int(task_codes.size)
     if k == 0:
         why = ", ".join(f"{r}={c:,}" for r, c in (dropped or {}).items())
@@ -90,7 +90,7 @@ def assign_splits(
             order.append(chunk)
             ranges[name].append((s, pos, pos + chunk.size))
             pos += chunk.size
-    return Layout(order=np.concatenate(order), shards=ranges, counts=sizes)
+    return SplitLayout(order=np.concatenate(order), shards=ranges, counts=sizes)
 
 
 def sort_samples(

@@ -12,10 +12,27 @@ these numbers, so their definitions must be explicit and testable:
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import pyarrow as pa
+
+# Access-count bins of the access-skew histogram, as the Meta DLRM embedding dataset describes
+# tables: (0,1], (1,2], (2,4], ..., (16384,32768], (32768,inf). ``SKEW_EDGES[i]`` is the upper
+# edge of bin i; the last bin is open.
+SKEW_EDGES: Tuple[float, ...] = tuple(float(2 ** k) for k in range(16)) + (float("inf"),)
+N_SKEW_BINS = len(SKEW_EDGES)  # 17
+
+
+def skew_histogram(access_counts: np.ndarray) -> Tuple[float, ...]:
+    """Share of distinct ids whose access count falls in each ``SKEW_EDGES`` bin (sums to 1)."""
+    c = np.asarray(access_counts, dtype=np.float64)
+    c = c[c > 0]
+    if c.size == 0:
+        return tuple([1.0] + [0.0] * (N_SKEW_BINS - 1))
+    idx = np.searchsorted(np.asarray(SKEW_EDGES), c, side="left")
+    hist = np.bincount(idx, minlength=N_SKEW_BINS)[:N_SKEW_BINS].astype(np.float64)
+    return tuple(float(x) for x in hist / hist.sum())
 
 
 def categorical_stats(name: str, ids: np.ndarray, hashed: bool) -> Dict:
@@ -57,11 +74,9 @@ def access_stats(ids: np.ndarray, n_samples: int) -> Dict:
 
     ``rows``: distinct ids (what training inserts into the table; valid/test ids are looked
     up without insertion); ``pooling``: ids per sample; ``skew``: the share of distinct ids
-    whose access count falls in each ``plan.spec.SKEW_EDGES`` bin (the Meta DLRM dataset's
+    whose access count falls in each ``SKEW_EDGES`` bin (the Meta DLRM dataset's
     description of a table), from which a PS's cache behaviour can be predicted.
     """
-    from gmeta_tf.plan.spec import skew_histogram
-
     ids = np.asarray(ids, dtype=np.int64)
     _, counts = np.unique(ids, return_counts=True)
     return {

@@ -17,7 +17,7 @@ deterministic, fast to make, and has the two properties meta-learning is about:
 
 Everything is vectorized numpy (no per-sample Python), so 3000 users / ~200k rows take seconds.
 The output is what ``gmeta data prepare`` reads with no mapping options: Parquet files plus a
-``columns.json`` sidecar (``format.COLUMNS_SIDECAR``) that records each column's role.
+``columns.json`` sidecar (``task_format.COLUMNS_SIDECAR``) that records each column's role.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.atomic import atomic_dir, check_target
 
 ITEM_SPACE = 1_000_000

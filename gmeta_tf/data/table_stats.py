@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from gmeta_tf.data import format as fmt
 from gmeta_tf.data import stats
+from gmeta_tf.data import task_format as fmt
+from gmeta_tf.data.task_format import load_schema
 from gmeta_tf.errors import DataError
-from gmeta_tf.metaio.reader import load_schema
 
 KEY = "table_stats"
 

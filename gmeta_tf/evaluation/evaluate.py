@@ -13,6 +13,7 @@ gets a ranking view per user (``p_at_5``, ``ndcg_at_5``, see ``ranking.py``).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -23,7 +24,7 @@ import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
 from gmeta_tf.evaluation import baselines, metrics, ranking
 from gmeta_tf.evaluation.baselines import TaskItems
-from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights
+from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
 from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import predictions
@@ -33,11 +34,10 @@ from gmeta_tf.model.sparse_features import lookup_batch
 def query_predictions(model: DLRM, cfg: Config, batch: dict, *, steps: int, lr: float,
                       adapt_set: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Query predictions before and after ``steps`` inner steps (``[T, Q]`` each)."""
-    per_task = adapt_set == "dense+embedding"
+    spec = InnerLoopSpec.from_meta(model, replace(cfg.meta, adapt=adapt_set)).for_evaluation(steps, lr)
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=False, per_task=per_task)
-    adapted = model.adapted_names(adapt_set)
-    fast = initial_fast_weights(model, sparse, adapted, tf.shape(batch["task_mask"])[0])
+                          trainable=False, per_task=spec.adapt_embeddings)
+    fast = initial_fast_weights(model, sparse, spec.adapted, tf.shape(batch["task_mask"])[0])
     q = batch["query"]
 
     def score(f):
@@ -46,9 +46,7 @@ def query_predictions(model: DLRM, cfg: Config, batch: dict, *, steps: int, lr: 
 
     before = score(fast)
     if steps > 0:
-        fast = adapt(model, fast, batch, adapted=adapted, steps=steps, lr=lr,
-                     adapt_embeddings=per_task, embedding_lr=cfg.meta.embedding_inner_lr,
-                     second_order=False, solver=cfg.meta.inner_solver, ridge_lambda=cfg.meta.ridge_lambda)
+        fast = adapt(model, fast, batch, spec)
     return before, score(fast)
 
 

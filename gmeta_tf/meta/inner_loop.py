@@ -8,18 +8,48 @@ looked-up tensor: an optimizer never runs in the inner loop, so the PS tables ar
 
 ``second_order=True`` leaves the inner gradients differentiable, so an enclosing tape gets the
 full MAML meta-gradient; ``False`` stops them (first-order MAML).
+
+What the loop does is one typed value, ``InnerLoopSpec``, derived from the config in one place
+(``InnerLoopSpec.from_meta``) and passed whole: the meta step, the task-loop variants, evaluation
+and the benchmarks cannot drift apart on, say, which algorithm is second order.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from dataclasses import dataclass, replace
+from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
+from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import per_task_loss
 from gmeta_tf.model.sparse_features import SparseState
+
+
+@dataclass(frozen=True)
+class InnerLoopSpec:
+    """The inner loop's settings: which dense weights adapt, how many SGD steps, how fast."""
+
+    adapted: Tuple[str, ...]  # dense weight names tiled per task and adapted
+    steps: int
+    lr: float
+    adapt_embeddings: bool  # embedding rows adapt too (per-task row copies)
+    embedding_lr: float
+    second_order: bool  # differentiate through the inner gradients (MAML) or not (FOMAML, evaluation)
+    solver: str = "sgd"  # "sgd" steps, or regularised "newton" steps on the head (meta.inner_solver)
+    ridge_lambda: float = 5.0  # newton: the prior's λ when the model learns none
+
+    @classmethod
+    def from_meta(cls, model: DLRM, meta: MetaConfig) -> "InnerLoopSpec":
+        """The training inner loop of ``meta`` (``meta.adapt``, ``inner_steps``, ``inner_lr``, ``algo``)."""
+        return cls(adapted=tuple(model.adapted_names(meta.adapt)), steps=meta.inner_steps, lr=meta.inner_lr,
+                   adapt_embeddings=meta.adapt == "dense+embedding", embedding_lr=meta.embedding_inner_lr,
+                   second_order=meta.algo == "maml", solver=meta.inner_solver, ridge_lambda=meta.ridge_lambda)
+
+    def for_evaluation(self, steps: int, lr: float) -> "InnerLoopSpec":
+        """Adaptation on unseen tasks: first order (nothing differentiates through it), own steps/lr."""
+        return replace(self, steps=steps, lr=lr, second_order=False)
 
 
 @dataclass
@@ -47,15 +77,14 @@ def task_losses(model: DLRM, fast: FastWeights, batch: dict, which: str) -> tf.T
     return per_task_loss(model.kind, scores, labels, part["mask"])
 
 
-def adapt(model: DLRM, fast: FastWeights, batch: dict, *, adapted: Sequence[str], steps: int,
-          lr: float, adapt_embeddings: bool, embedding_lr: float,
-          second_order: bool, solver: str = "sgd", ridge_lambda: float = 5.0) -> FastWeights:
-    """Run ``steps`` inner steps (SGD, or Newton on the head) on every task's support set."""
-    if solver == "newton":
-        for _ in range(steps):
-            fast = newton_head_step(model, fast, batch, ridge_lambda, second_order)
+def adapt(model: DLRM, fast: FastWeights, batch: dict, spec: InnerLoopSpec) -> FastWeights:
+    """Run ``spec.steps`` inner steps (SGD, or Newton on the head) on every task's support set."""
+    if spec.solver == "newton":
+        for _ in range(spec.steps):
+            fast = newton_head_step(model, fast, batch, spec.ridge_lambda, spec.second_order)
         return fast
-    for _ in range(steps):
+    adapted, lr, adapt_embeddings, embedding_lr = spec.adapted, spec.lr, spec.adapt_embeddings, spec.embedding_lr
+    for _ in range(spec.steps):
         sources: List[tf.Tensor] = [fast.dense[n] for n in adapted]
         rows = fast.sparse.rows() if adapt_embeddings else []
         with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -65,7 +94,7 @@ def adapt(model: DLRM, fast: FastWeights, batch: dict, *, adapted: Sequence[str]
         grads = tape.gradient(loss, sources + rows,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = [tf.convert_to_tensor(g) for g in grads]  # gather → IndexedSlices for rows
-        if not second_order:
+        if not spec.second_order:
             grads = [tf.stop_gradient(g) for g in grads]
         dense = dict(fast.dense)
         for name, g in zip(adapted, grads[: len(sources)]):

@@ -18,27 +18,20 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
-from gmeta_tf.meta.inner_loop import adapt, initial_fast_weights, task_losses
+from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, task_losses
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import per_sample_loss
 from gmeta_tf.model.sparse_features import lookup_batch
 
 
-def adapts_embeddings(meta: MetaConfig) -> bool:
-    return meta.adapt == "dense+embedding"
-
-
 def maml_loss(model: DLRM, meta: MetaConfig, batch: dict) -> tf.Tensor:
     """Mean query loss after adapting on the support set (recorded by an enclosing tape)."""
-    per_task = adapts_embeddings(meta)
+    spec = InnerLoopSpec.from_meta(model, meta)
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=True, per_task=per_task)
-    adapted = model.adapted_names(meta.adapt)
+                          trainable=True, per_task=spec.adapt_embeddings)
     num_tasks = tf.shape(batch["task_mask"])[0]
-    fast = initial_fast_weights(model, sparse, adapted, num_tasks)
-    fast = adapt(model, fast, batch, adapted=adapted, steps=meta.inner_steps, lr=meta.inner_lr,
-                 adapt_embeddings=per_task, embedding_lr=meta.embedding_inner_lr,
-                 second_order=meta.algo == "maml", solver=meta.inner_solver, ridge_lambda=meta.ridge_lambda)
+    fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks)
+    fast = adapt(model, fast, batch, spec)
     q = task_losses(model, fast, batch, "query")
     tm = batch["task_mask"]
     return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0) + embedding_penalty(model, sparse, batch)

@@ -14,8 +14,7 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
-from gmeta_tf.meta.inner_loop import FastWeights, adapt, task_losses
-from gmeta_tf.meta.meta_step import adapts_embeddings
+from gmeta_tf.meta.inner_loop import FastWeights, InnerLoopSpec, adapt, task_losses
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.sparse_features import SparseState, lookup_batch
 
@@ -37,15 +36,12 @@ def _task_sparse(sparse: SparseState, t: int) -> SparseState:
 def maml_loss_task_loop(model: DLRM, meta: MetaConfig, batch: dict, num_tasks: int) -> tf.Tensor:
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
                           trainable=True, per_task=False)
-    adapted = model.adapted_names(meta.adapt)
+    spec = InnerLoopSpec.from_meta(model, meta)
     total = 0.0
     for t in range(num_tasks):  # the Python loop over tasks this module exists to measure
         sub = _task_slice(batch, t)
         fast = FastWeights(dict(model.dense_variables), _task_sparse(sparse, t))
-        fast = adapt(model, fast, sub, adapted=adapted, steps=meta.inner_steps, lr=meta.inner_lr,
-                     adapt_embeddings=adapts_embeddings(meta), embedding_lr=meta.embedding_inner_lr,
-                     second_order=meta.algo == "maml", solver=meta.inner_solver,
-                     ridge_lambda=meta.ridge_lambda)
+        fast = adapt(model, fast, sub, spec)
         total += task_losses(model, fast, sub, "query")[0] * batch["task_mask"][t]
     return total / tf.maximum(tf.reduce_sum(batch["task_mask"]), 1.0)
 
@@ -59,7 +55,7 @@ def maml_loss_task_while_loop(model: DLRM, meta: MetaConfig, batch: dict) -> tf.
     """
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
                           trainable=True, per_task=False)
-    adapted = model.adapted_names(meta.adapt)
+    spec = InnerLoopSpec.from_meta(model, meta)
     num_tasks = tf.shape(batch["task_mask"])[0]
     rows = sparse.rows()
     dense = dict(model.dense_variables)
@@ -71,11 +67,7 @@ def maml_loss_task_while_loop(model: DLRM, meta: MetaConfig, batch: dict) -> tf.
                     support_valid=f.support_valid[t: t + 1], query_valid=f.query_valid[t: t + 1])
             for f, r in zip(sparse.features, rows)
         ])
-        fast = adapt(model, FastWeights(dense, task_sparse), sub, adapted=adapted,
-                     steps=meta.inner_steps, lr=meta.inner_lr,
-                     adapt_embeddings=adapts_embeddings(meta), embedding_lr=meta.embedding_inner_lr,
-                     second_order=meta.algo == "maml", solver=meta.inner_solver,
-                     ridge_lambda=meta.ridge_lambda)
+        fast = adapt(model, FastWeights(dense, task_sparse), sub, spec)
         return t + 1, total + task_losses(model, fast, sub, "query")[0] * batch["task_mask"][t]
 
     _, total = tf.while_loop(lambda t, _: t < num_tasks, body, (tf.constant(0), tf.constant(0.0)))

@@ -16,12 +16,12 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 
 
 @dataclass(frozen=True)
-class Layout:
+class BlockLayout:
     """What a block looks like: widths from the config, feature names and statistics from the schema.
 
     Built once per dataset so the per-block code does no schema parsing.
@@ -54,14 +54,14 @@ class Layout:
         return cols
 
 
-def layout_from_schema(schema: dict, support: int, query: int, max_multi_hot: int) -> Layout:
+def layout_from_schema(schema: dict, support: int, query: int, max_multi_hot: int) -> BlockLayout:
     dense = schema.get("dense") or []
     mean = np.asarray([float(d.get("mean", 0.0)) for d in dense], dtype=np.float64)
     std = np.asarray([float(d.get("std", 1.0)) for d in dense], dtype=np.float64)
     # A constant (std 0) or broken (NaN) statistic must not turn a feature into inf/NaN.
     std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
     mean = np.where(np.isfinite(mean), mean, 0.0)
-    return Layout(
+    return BlockLayout(
         support=int(support),
         query=int(query),
         max_multi_hot=int(max_multi_hot),
@@ -148,7 +148,7 @@ def _gather(flat: np.ndarray, idx: np.ndarray, valid: np.ndarray, fill) -> np.nd
 # --------------------------------------------------------------------------------------------
 # one block
 # --------------------------------------------------------------------------------------------
-def decode_block(batch: pa.RecordBatch, layout: Layout, source: str = "<batch>") -> Dict[str, object]:
+def decode_block(batch: pa.RecordBatch, layout: BlockLayout, source: str = "<batch>") -> Dict[str, object]:
     """Decode a record batch of N tasks into the reader's element structure with leading dim N.
 
     Errors name ``source`` (the Parquet file) and the column, since a mismatch here means the
@@ -175,7 +175,7 @@ def decode_block(batch: pa.RecordBatch, layout: Layout, source: str = "<batch>")
     return out
 
 
-def _decode_set(column, which: str, layout: Layout, n: int, source: str) -> Dict[str, object]:
+def _decode_set(column, which: str, layout: BlockLayout, n: int, source: str) -> Dict[str, object]:
     width = layout.width(which)
     keep_last = which == "support"
     L = layout.max_multi_hot
@@ -258,7 +258,7 @@ def _decode_set(column, which: str, layout: Layout, n: int, source: str) -> Dict
     return res
 
 
-def empty_block(layout: Layout, n: int) -> Dict[str, object]:
+def empty_block(layout: BlockLayout, n: int) -> Dict[str, object]:
     """``n`` padding tasks: what eval appends to fill its last batch (all masks 0, ids PAD_ID)."""
 
     def one(width: int) -> Dict[str, object]:

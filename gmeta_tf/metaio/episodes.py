@@ -20,7 +20,7 @@ from typing import List
 import numpy as np
 import pyarrow as pa
 
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 
 
 def _sample_columns(names: List[str]) -> List[str]:

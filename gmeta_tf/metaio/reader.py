@@ -1,4 +1,4 @@
-"""Meta-IO: task-major Parquet (``gmeta_tf.data.format``) → ``tf.data`` batches of T padded tasks.
+"""Meta-IO: task-major Parquet (``gmeta_tf.data.task_format``) → ``tf.data`` batches of T padded tasks.
 
 Design, and why:
 
@@ -16,7 +16,7 @@ Design, and why:
   tasks, yet the order differs from epoch to epoch, and everything is reproducible from
   ``cfg.seed + rank``. Batching happens after the epochs are chained, so no task is dropped
   at an epoch boundary.
-* **Sharding by file.** Rank ``r`` of ``n`` reads ``format.shard_files(files, r, n)``: disjoint
+* **Sharding by file.** Rank ``r`` of ``n`` reads ``task_format.shard_files(files, r, n)``: disjoint
   tasks per rank without any coordination.
 * **Evaluation** is one deterministic pass; the last partial batch is filled with padding tasks
   (``task_mask`` 0) so evaluation runs the same fixed-shape function as everything else.
@@ -28,9 +28,7 @@ surface while iterating, as a ``tf.errors.OpError`` whose message names the file
 """
 from __future__ import annotations
 
-import json
-import os
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +37,8 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from gmeta_tf.config.schema import DataConfig
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
+from gmeta_tf.data.task_format import load_schema, split_files  # noqa: F401  (part of this module's API)
 from gmeta_tf.errors import DataError
 from gmeta_tf.metaio import decode, episodes
 
@@ -54,64 +53,11 @@ __all__ = ["load_schema", "make_dataset", "batch_signature", "split_files", "BLO
 # --------------------------------------------------------------------------------------------
 # schema and files
 # --------------------------------------------------------------------------------------------
-def load_schema(path: str) -> dict:
-    """Read ``<path>/schema.json``, refusing anything but ``format.FORMAT_VERSION``."""
-    file = os.path.join(path, fmt.SCHEMA_FILE)
-    if not os.path.isfile(file):
-        raise DataError(f"{file}: not found; is '{path}' a directory written by 'gmeta data prepare'?")
-    try:
-        with open(file, "r", encoding="utf-8") as f:
-            schema = json.load(f)
-    except (OSError, ValueError) as e:
-        raise DataError(f"{file}: cannot be read as JSON: {e}") from None
-    if not isinstance(schema, dict):
-        raise DataError(f"{file}: expected a JSON object, got {type(schema).__name__}")
-    version = schema.get("format_version")
-    if version != fmt.FORMAT_VERSION:
-        raise DataError(
-            f"{file}: format_version {version!r} is not supported (this reader reads version "
-            f"{fmt.FORMAT_VERSION}); re-run 'gmeta data prepare'"
-        )
-    for key in ("categorical", "multi_hot", "dense"):
-        entries = schema.get(key) or []
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e for e in entries):
-            raise DataError(f"{file}: '{key}' must be a list of objects with a 'name'")
-    return schema
-
-
-def split_files(path: str, split: str, schema: Optional[dict] = None) -> List[str]:
-    """All part files of ``split``, sorted (the order ``shard_files`` assigns ranks by).
-
-    When ``schema.json`` lists the split's files they must all be present: a half-copied
-    dataset would otherwise train silently on a subset.
-    """
-    if split not in fmt.SPLITS:
-        raise DataError(f"unknown split '{split}'; expected one of {', '.join(fmt.SPLITS)}")
-    folder = os.path.join(path, split)
-    found = sorted(
-        os.path.join(folder, f) for f in (os.listdir(folder) if os.path.isdir(folder) else []) if f.endswith(".parquet")
-    )
-    listed = (((schema or {}).get("splits") or {}).get(split) or {}).get("files")
-    if listed:
-        have = {os.path.basename(f) for f in found}
-        missing = [f for f in listed if os.path.basename(f) not in have]
-        if missing:
-            raise DataError(
-                f"split '{split}': schema.json lists {len(listed)} file(s) but {missing[0]!r} "
-                f"is missing from {folder}"
-            )
-        wanted = {os.path.basename(f) for f in listed}
-        found = [f for f in found if os.path.basename(f) in wanted]
-    if not found:
-        raise DataError(f"split '{split}' has no Parquet files in {folder}")
-    return found
-
-
 def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _check_file(file: str, layout: decode.Layout) -> int:
+def _check_file(file: str, layout: decode.BlockLayout) -> int:
     """Columns and Arrow types of one file against schema.json (footer only, plus one block of
     the dense columns, whose width the Arrow type does not tell). Returns its number of tasks."""
     try:
@@ -168,7 +114,7 @@ def _check_file(file: str, layout: decode.Layout) -> int:
 # --------------------------------------------------------------------------------------------
 # signatures
 # --------------------------------------------------------------------------------------------
-def _signature(layout: decode.Layout, t) -> Dict[str, object]:
+def _signature(layout: decode.BlockLayout, t) -> Dict[str, object]:
     def one(width: int) -> Dict[str, object]:
         return {
             "label": tf.TensorSpec([t, width], tf.float32),
@@ -186,7 +132,7 @@ def _signature(layout: decode.Layout, t) -> Dict[str, object]:
     }
 
 
-def _layout(schema: dict, cfg: DataConfig) -> decode.Layout:
+def _layout(schema: dict, cfg: DataConfig) -> decode.BlockLayout:
     return decode.layout_from_schema(schema, cfg.support, cfg.query, cfg.max_multi_hot)
 
 
@@ -201,7 +147,7 @@ def batch_signature(schema: dict, cfg: DataConfig) -> Dict[str, object]:
 # --------------------------------------------------------------------------------------------
 # the pipeline
 # --------------------------------------------------------------------------------------------
-def _file_dataset(layout: decode.Layout, shuffle: bool, base_seed: int, resample: bool = False):
+def _file_dataset(layout: decode.BlockLayout, shuffle: bool, base_seed: int, resample: bool = False):
     """``(file, epoch, index) -> Dataset`` of decoded blocks of one Parquet file; ``resample``
     re-deals every task's support / query each epoch (``episodes.resample``)."""
     columns = layout.columns()
@@ -243,7 +189,7 @@ def _file_dataset(layout: decode.Layout, shuffle: bool, base_seed: int, resample
     return make
 
 
-def _add_empty_dense(batch, layout: decode.Layout, n):
+def _add_empty_dense(batch, layout: decode.BlockLayout, n):
     """Give a batch its ``[n, W, 0]`` dense tensors after batching.
 
     With no dense features they are zero-sized, and ``unbatch`` of a zero-sized component

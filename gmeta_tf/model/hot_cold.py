@@ -8,7 +8,7 @@ meta step, the checkpoint and the evaluation code do not know about the split. O
 * ids found in the static id → slot map (``tf.lookup.StaticHashTable``, built once from the hot
   set) are gathered from ``values`` (a ``tf.Variable [K, dim]`` on this worker);
 * every other real id goes to the PS in **one** lookup through the wrapped table's own
-  ``lookup_unique`` (hazard 3 in ARCHITECTURE.md: one shadow lookup per table per step);
+  ``lookup_unique`` (hazard 3 in docs/architecture.md: one shadow lookup per table per step);
 * the two parts are stitched back into the order of the batch's unique ids, so callers get
   one ``UniqueLookup`` exactly as from the plain table, and gradients flow to the hot
   variable (as ``IndexedSlices`` on the touched slots) and to the shadow (cold rows).

@@ -1,6 +1,6 @@
 """TFRA dynamic-embedding tables: creation, the one-lookup-per-step rule, export / import.
 
-This is the only module that touches TFRA internals. Two hazards (ARCHITECTURE.md) shape it:
+This is the only module that touches TFRA internals. Two hazards (docs/architecture.md) shape it:
 
 * **Table aliasing.** In eager mode TFRA names each hash-table resource ``table_<uid>`` from a
   per-process counter. Workers that create tables in a different order would then bind their

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
-from gmeta_tf.plan.enumerate import WHOLE, Layout, shards_of
 from gmeta_tf.plan.placement_file import ColumnSplit, TablePlacement
+from gmeta_tf.plan.shard_layouts import WHOLE, ShardLayout, shards_of
 from gmeta_tf.plan.spec import Shard, TableStats
 
 Key = Tuple
@@ -33,9 +33,9 @@ class Registry:
         self.slots = slots
         self.shard: List[Shard] = []
         self.nbytes: List[int] = []
-        self._ids: Dict[Tuple[str, Layout], Tuple[int, ...]] = {}
+        self._ids: Dict[Tuple[str, ShardLayout], Tuple[int, ...]] = {}
 
-    def ids(self, name: str, lay: Layout) -> Tuple[int, ...]:
+    def ids(self, name: str, lay: ShardLayout) -> Tuple[int, ...]:
         k = (name, lay)
         got = self._ids.get(k)
         if got is None:
@@ -75,12 +75,12 @@ class Evaluator:
 
 @dataclass
 class State:
-    """Layout and PS of every shard of every table, plus per-PS shard sets, memory and cost."""
+    """Shard layout and PS of every shard of every table, plus per-PS shard sets, memory and cost."""
 
     reg: Registry
     ps: int
     slots: int
-    layout: Dict[str, Layout] = field(default_factory=dict)
+    layout: Dict[str, ShardLayout] = field(default_factory=dict)
     where: Dict[str, List[int]] = field(default_factory=dict)  # PS of shard i of the table
     sets: List[FrozenSet[int]] = field(default_factory=list)  # shard ids (``Registry``) per PS
     mem: List[int] = field(default_factory=list)
@@ -99,7 +99,7 @@ class State:
         return State(self.reg, self.ps, self.slots, dict(self.layout),
                      {k: list(v) for k, v in self.where.items()}, list(self.sets), list(self.mem), list(self.costs))
 
-    def place(self, name: str, layout: Layout, where: List[int]) -> None:
+    def place(self, name: str, layout: ShardLayout, where: List[int]) -> None:
         """Add a table that is not placed yet (costs are refreshed by ``rescore``)."""
         self.layout[name] = layout
         self.where[name] = list(where)

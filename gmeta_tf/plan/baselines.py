@@ -21,7 +21,7 @@ import numpy as np
 
 from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Registry, State
-from gmeta_tf.plan.enumerate import WHOLE, Layout, shards_of
+from gmeta_tf.plan.shard_layouts import WHOLE, ShardLayout, shards_of
 from gmeta_tf.plan.spec import TableStats
 
 KEYS: Dict[str, Callable[[TableStats, int], float]] = {
@@ -40,7 +40,7 @@ def _place_greedy(state: State, t: TableStats, mem_per_ps: int, pick: Callable[[
                   load: List[float], key: float) -> None:
     """Whole on one PS if any has room, else row-split over the fewest PS that have room."""
     for k in range(1, state.ps + 1):
-        lay = WHOLE if k == 1 else Layout("row", k)
+        lay = WHOLE if k == 1 else ShardLayout("row", k)
         need = shards_of(t, lay)[0].bytes(state.slots)
         room = [p for p in range(state.ps) if state.mem[p] + need <= mem_per_ps]
         if len(room) >= k:

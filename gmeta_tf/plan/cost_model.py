@@ -6,7 +6,7 @@ CONTRACT (shared by search, baselines, calibration and the bench suite)::
     ms = model.ps_cost(shards, samples_per_step)   # float, milliseconds per training step
 
 What a millisecond is: the CPU time the PS process spends on the step's lookups and updates of
-those shards, as ``gmeta plan calibrate`` measures it (``calibrate.COST``; see ``measure.py``).
+those shards, as ``gmeta plan calibrate`` measures it (``calibration.calibrate.COST``; see ``calibration/measure.py``).
 
 ``samples_per_step`` is how many samples' ids reach the PS tier per step (all workers together:
 workers x tasks_per_batch x (support + query)); each shard gets ``pooling x samples_per_step``

@@ -13,8 +13,8 @@ from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Evaluator, Plan, Registry, State, to_plan
 from gmeta_tf.plan.baselines import BASELINES, PACK, greedy
 from gmeta_tf.plan.cost_model import load_cost_model
-from gmeta_tf.plan.enumerate import Layout, shards_of
 from gmeta_tf.plan.search import repair_seed, search, split_seed
+from gmeta_tf.plan.shard_layouts import ShardLayout, shards_of
 from gmeta_tf.plan.spec import TableStats
 
 ALGOS = ["planner", *BASELINES]
@@ -41,7 +41,7 @@ def check_feasible(tables: List[TableStats], ps: int, mem_per_ps: int, slots: in
         if t.rows < 0 or t.dim < 1 or t.pooling < 0:
             raise PlanError(f"table {t.name!r}: rows, dim and pooling must be >= 0, >= 1, >= 0 "
                             f"(got {t.rows}, {t.dim}, {t.pooling})")
-        finest = shards_of(t, Layout("row", ps)) if ps > 1 else shards_of(t, Layout("table", 1))
+        finest = shards_of(t, ShardLayout("row", ps)) if ps > 1 else shards_of(t, ShardLayout("table", 1))
         if finest[0].bytes(slots) > mem_per_ps:
             raise PlanError(f"table {t.name!r} needs {_mib(t.bytes(slots))} with {slots} optimizer slot(s): "
                             f"even row-split over all {ps} PS a shard ({_mib(finest[0].bytes(slots))}) exceeds "

@@ -23,10 +23,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from gmeta_tf.plan.assignment import Evaluator, Key, State, objective
-from gmeta_tf.plan.enumerate import WHOLE, Layout, candidate_layouts, smallest_fitting_row_split
+from gmeta_tf.plan.shard_layouts import WHOLE, ShardLayout, candidate_layouts, smallest_fitting_row_split
 from gmeta_tf.plan.spec import TableStats
 
-Change = Tuple[str, Layout, Tuple[int, ...]]
+Change = Tuple[str, ShardLayout, Tuple[int, ...]]
 Move = Tuple[Change, ...]
 
 
@@ -92,11 +92,11 @@ def _moves_from(st: State, sp: _Space, p: int, frozen: frozenset = frozenset()) 
         if n in frozen:
             pass
         elif lay.kind == "table":
-            col = Layout("column", 2)
+            col = ShardLayout("column", 2)
             if col in allowed:
                 moves += [((n, col, (p, q)),) for q in others]
             for k in range(2, ps + 1):
-                row = Layout("row", k)
+                row = ShardLayout("row", k)
                 if row not in allowed:
                     continue
                 if k == 2:
@@ -106,11 +106,11 @@ def _moves_from(st: State, sp: _Space, p: int, frozen: frozenset = frozenset()) 
         else:
             moves += [((n, WHOLE, (q,)),) for q in range(ps) if WHOLE in allowed]
             if lay.kind == "row":
-                grow = Layout("row", lay.parts + 1)
+                grow = ShardLayout("row", lay.parts + 1)
                 free = [q for q in order if q not in where]
                 if grow in allowed and free:
                     moves.append(((n, grow, where + (free[0],)),))
-                shrink = Layout("row", lay.parts - 1)
+                shrink = ShardLayout("row", lay.parts - 1)
                 if lay.parts > 2 and shrink in allowed:
                     moves.append(((n, shrink, where[:i] + where[i + 1:]),))
         # swaps with a cheaper shard of another table on another PS (a dearer one cannot
@@ -217,7 +217,7 @@ def _split_kick(st: State, sp: _Space) -> frozenset:
             break
         p = st.where[n][0]
         done = False
-        for lay in (Layout("column", 2), Layout("row", 2)):
+        for lay in (ShardLayout("column", 2), ShardLayout("row", 2)):
             if lay not in sp.allowed[n] or done:
                 continue
             for q in sorted(range(sp.ps), key=lambda q: (q in used, st.costs[q], q)):

@@ -9,27 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Tuple
 
-import numpy as np
-
-# Access-count bins of the access-skew histogram, as the Meta DLRM embedding dataset describes
-# tables: (0,1], (1,2], (2,4], ..., (16384,32768], (32768,inf). ``SKEW_EDGES[i]`` is the upper
-# edge of bin i; the last bin is open.
-SKEW_EDGES: Tuple[float, ...] = tuple(float(2 ** k) for k in range(16)) + (float("inf"),)
-N_SKEW_BINS = len(SKEW_EDGES)  # 17
+# The skew histogram is defined with the statistics ``prepare`` writes (``data/stats.py``); the
+# planner reads it from there so that data does not import the planner.
+from gmeta_tf.data.stats import N_SKEW_BINS, SKEW_EDGES, skew_histogram  # noqa: F401
 
 VALUE_BYTES = 4  # float32 embeddings
 KEY_BYTES = 8  # int64 ids, stored once per row per table (and per slot table)
-
-
-def skew_histogram(access_counts: np.ndarray) -> Tuple[float, ...]:
-    """Share of distinct ids whose access count falls in each ``SKEW_EDGES`` bin (sums to 1)."""
-    c = np.asarray(access_counts, dtype=np.float64)
-    c = c[c > 0]
-    if c.size == 0:
-        return tuple([1.0] + [0.0] * (N_SKEW_BINS - 1))
-    idx = np.searchsorted(np.asarray(SKEW_EDGES), c, side="left")
-    hist = np.bincount(idx, minlength=N_SKEW_BINS)[:N_SKEW_BINS].astype(np.float64)
-    return tuple(float(x) for x in hist / hist.sum())
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import List
 
 from gmeta_tf.config.schema import Config
 from gmeta_tf.data import table_stats
+from gmeta_tf.data.task_format import load_schema
 from gmeta_tf.errors import DataError
-from gmeta_tf.metaio.reader import load_schema
 from gmeta_tf.plan.spec import N_SKEW_BINS, TableStats
 
 

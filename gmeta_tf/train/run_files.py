@@ -3,7 +3,7 @@
 A run directory must survive a failed command: a resume that is refused must leave it exactly
 as it was, and nothing may feed a model data it was not trained on. So the trainer records,
 in every checkpoint, the config it was made with and the fingerprint of the prepared data's
-schema (``gmeta_tf.data.format.schema_fingerprint``), and checks both before it trusts a
+schema (``gmeta_tf.data.task_format.schema_fingerprint``), and checks both before it trusts a
 checkpoint with more data.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Dict
 
 from gmeta_tf import storage
 from gmeta_tf.config.schema import Config
-from gmeta_tf.data import format as fmt
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import CheckpointError, DataError
 
 CHECKPOINT_CONFIG = "config.yaml"

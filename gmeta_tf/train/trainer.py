@@ -12,9 +12,8 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, Optional
 
 import tensorflow as tf
 
@@ -28,33 +27,12 @@ from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.checkpoint import CheckpointManager
-from gmeta_tf.train.dense_sync import LocalSync
 from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
+from gmeta_tf.train.runtime import Runtime, reachable
 from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validate
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "train_summary.json"
-
-
-@dataclass
-class Runtime:
-    """Where this process trains. The default is the embedded single process."""
-
-    sync: object = field(default_factory=LocalSync)
-    ps_tasks: int = 0
-    namespace: Optional[str] = None  # TFRA table namespace; shared by all workers of one job
-    placement: Optional[Dict[str, object]] = None  # plan.placement_file.read_placement
-    bp_v2: bool = False
-    log: Callable[[str], None] = print
-    ps_addresses: List[str] = field(default_factory=list)
-
-    @property
-    def rank(self) -> int:
-        return self.sync.rank
-
-    @property
-    def size(self) -> int:
-        return self.sync.size
 
 
 def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
@@ -335,7 +313,6 @@ def step_failure_error(e: Exception, rt: Runtime, step: int):
     first: one that refuses connections is the culprit (``lost_ps_error``); with every PS
     answering and the failure inside a collective, the peer ranks are named instead.
     """
-    from gmeta_tf.cluster.worker import reachable
     from gmeta_tf.errors import ClusterError
 
     text = str(e)
@@ -357,7 +334,6 @@ def lost_ps_error(e: Exception, rt: Runtime, step: int):
     ones too, so the PS that no longer accepts connections is the one named; the text is the
     fallback when every PS still answers (a network failure, say).
     """
-    from gmeta_tf.cluster.worker import reachable
     from gmeta_tf.errors import ClusterError
 
     text = str(e)

@@ -23,7 +23,9 @@ MIN_ROWS_FOR_ROW_SPLIT = 10_000
 
 
 @dataclass(frozen=True)
-class Layout:
+class ShardLayout:
+    """How one table is cut: whole, into k row shards or into n column blocks."""
+
     kind: ShardKind
     parts: int  # 1 for "table", k row shards, n column blocks
 
@@ -31,10 +33,10 @@ class Layout:
         return "whole" if self.kind == "table" else f"{self.kind}x{self.parts}"
 
 
-WHOLE = Layout("table", 1)
+WHOLE = ShardLayout("table", 1)
 
 
-def shards_of(t: TableStats, layout: Layout) -> List[Shard]:
+def shards_of(t: TableStats, layout: ShardLayout) -> List[Shard]:
     """The shards ``layout`` cuts ``t`` into, in index order."""
     if layout.kind == "table":
         return [Shard.whole(t)]
@@ -48,26 +50,26 @@ def shards_of(t: TableStats, layout: Layout) -> List[Shard]:
 
 
 def candidate_layouts(t: TableStats, ps: int, mem_per_ps: int, optimizer_slots: int,
-                      kinds: Literal["all", "table"] = "all") -> List[Layout]:
+                      kinds: Literal["all", "table"] = "all") -> List[ShardLayout]:
     """Layouts whose every shard fits one empty PS. Whole first, then by increasing parts."""
-    out: List[Layout] = []
+    out: List[ShardLayout] = []
     opts = [WHOLE]
     if kinds == "all" and ps >= 2:
         big = t.rows >= MIN_ROWS_FOR_ROW_SPLIT or t.bytes(optimizer_slots) > mem_per_ps
         if t.dim % 2 == 0:
-            opts.append(Layout("column", 2))
+            opts.append(ShardLayout("column", 2))
         if big:
-            opts += [Layout("row", k) for k in range(2, ps + 1)]
+            opts += [ShardLayout("row", k) for k in range(2, ps + 1)]
     for lay in opts:
         if max(s.bytes(optimizer_slots) for s in shards_of(t, lay)) <= mem_per_ps:
             out.append(lay)
     return out
 
 
-def smallest_fitting_row_split(t: TableStats, ps: int, mem_per_ps: int, optimizer_slots: int) -> Layout | None:
+def smallest_fitting_row_split(t: TableStats, ps: int, mem_per_ps: int, optimizer_slots: int) -> ShardLayout | None:
     """Whole if it fits one PS, else the fewest row shards that each fit; ``None`` if none does."""
     for k in range(1, ps + 1):
-        lay = WHOLE if k == 1 else Layout("row", k)
+        lay = WHOLE if k == 1 else ShardLayout("row", k)
         if shards_of(t, lay)[0].bytes(optimizer_slots) <= mem_per_ps:
             return lay
     return None

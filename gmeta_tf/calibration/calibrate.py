@@ -111,7 +111,7 @@ def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
                 json.dump({"ps": address, "ps_pid": cluster.ps_children()[0].proc.pid, "warmup": warmup,
                            "steps": steps, "min_seconds": MIN_SECONDS, "max_steps": MAX_STEPS, "passes": PASSES,
                            "configs": configs}, f)
-            client = subprocess.Popen([sys.executable, "-m", "gmeta_tf.plan.measure", job_path, out_path],
+            client = subprocess.Popen([sys.executable, "-m", "gmeta_tf.calibration.measure", job_path, out_path],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             try:

@@ -1,6 +1,6 @@
 """The PS microbenchmark client: time one training step's lookup + update of a set of shards.
 
-Runs as its own process (``python -m gmeta_tf.plan.measure JOB.json OUT.jsonl``) because
+Runs as its own process (``python -m gmeta_tf.calibration.measure JOB.json OUT.jsonl``) because
 connecting to a cluster rewires the whole TensorFlow eager context of a process; the driver
 (``calibrate.py``) starts the PS and this client, and kills both when done.
 
@@ -178,5 +178,5 @@ def main(job_path: str, out_path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m gmeta_tf.plan.measure JOB.json OUT.jsonl")
+        sys.exit("usage: python -m gmeta_tf.calibration.measure JOB.json OUT.jsonl")
     main(sys.argv[1], sys.argv[2])

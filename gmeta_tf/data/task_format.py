@@ -53,9 +53,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from gmeta_tf.errors import DataError
 
 FORMAT_VERSION = 1
 SCHEMA_FILE = "schema.json"
@@ -167,3 +170,63 @@ def fingerprint_difference(expected: dict, actual: dict) -> Optional[str]:
                 return f"{role} feature '{name}' was {was} when trained, is {now} here"
     return "format_version differs" if expected.get("format_version") != actual.get("format_version") else \
         "schema fingerprint differs"
+
+# --------------------------------------------------------------------------------------------
+# reading a prepared dataset's schema and files
+# --------------------------------------------------------------------------------------------
+def load_schema(path: str) -> dict:
+    """Read ``<path>/schema.json``, refusing anything but ``FORMAT_VERSION``.
+
+    Part of the format contract (not of the reader) so that every user of a prepared dataset
+    (Meta-IO, table statistics, id profiles, the planner) checks it the same way without importing
+    Meta-IO.
+    """
+    file = os.path.join(path, SCHEMA_FILE)
+    if not os.path.isfile(file):
+        raise DataError(f"{file}: not found; is '{path}' a directory written by 'gmeta data prepare'?")
+    try:
+        with open(file, "r", encoding="utf-8") as f:
+            schema = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{file}: cannot be read as JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise DataError(f"{file}: expected a JSON object, got {type(schema).__name__}")
+    version = schema.get("format_version")
+    if version != FORMAT_VERSION:
+        raise DataError(
+            f"{file}: format_version {version!r} is not supported (this reader reads version "
+            f"{FORMAT_VERSION}); re-run 'gmeta data prepare'"
+        )
+    for key in ("categorical", "multi_hot", "dense"):
+        entries = schema.get(key) or []
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e for e in entries):
+            raise DataError(f"{file}: '{key}' must be a list of objects with a 'name'")
+    return schema
+
+
+def split_files(path: str, split: str, schema: Optional[dict] = None) -> List[str]:
+    """All part files of ``split``, sorted (the order ``shard_files`` assigns ranks by).
+
+    When ``schema.json`` lists the split's files they must all be present: a half-copied
+    dataset would otherwise train silently on a subset.
+    """
+    if split not in SPLITS:
+        raise DataError(f"unknown split '{split}'; expected one of {', '.join(SPLITS)}")
+    folder = os.path.join(path, split)
+    found = sorted(
+        os.path.join(folder, f) for f in (os.listdir(folder) if os.path.isdir(folder) else []) if f.endswith(".parquet")
+    )
+    listed = (((schema or {}).get("splits") or {}).get(split) or {}).get("files")
+    if listed:
+        have = {os.path.basename(f) for f in found}
+        missing = [f for f in listed if os.path.basename(f) not in have]
+        if missing:
+            raise DataError(
+                f"split '{split}': schema.json lists {len(listed)} file(s) but {missing[0]!r} "
+                f"is missing from {folder}"
+            )
+        wanted = {os.path.basename(f) for f in listed}
+        found = [f for f in found if os.path.basename(f) in wanted]
+    if not found:
+        raise DataError(f"split '{split}' has no Parquet files in {folder}")
+    return found
