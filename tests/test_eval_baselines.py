@@ -278,6 +278,7 @@ def prepared(tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kind", ["rating", "click"])
 def test_cli_eval_writes_baselines_equal_to_a_hand_computation(prepared, tmp_path, kind):
     from gmeta_tf.cli.main import cli

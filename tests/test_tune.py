@@ -183,6 +183,7 @@ def _tune(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
     return CliRunner().invoke(cli, args)
 
 
+@pytest.mark.integration
 def test_cli_tune_writes_best_config_and_resumes(tiny_data, tmp_path):
     out = tmp_path / "tune"
     r = _tune(tiny_data, tmp_path, out, trials=2)
@@ -221,6 +222,7 @@ def test_cli_tune_writes_best_config_and_resumes(tiny_data, tmp_path):
     assert ((out / "trials.json").read_text(), (out / "best.yaml").read_text()) == before
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("space, sets, named", [
     ("space:\n  meta.inner_lrr: {low: 0.1, high: 1}\n", TINY_RUN, "meta.inner_lrr"),
     (SPACE, [s for s in TINY_RUN if s != "train.eval_every=5"], "train.eval_every"),
@@ -244,6 +246,7 @@ class _PruneAtOnce(optuna.pruners.BasePruner):
         return True
 
 
+@pytest.mark.integration
 def test_training_trial_is_pruned_at_its_first_validation(tiny_data, tmp_path):
     """The trainer's validation hook reports to the trial; a prune stops training there."""
     from gmeta_tf.tune.objective import TrainingObjective

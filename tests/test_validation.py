@@ -55,6 +55,7 @@ def stopped(prepared_2500, tmp_path_factory):
     return cfg, run, summary, seen
 
 
+@pytest.mark.integration
 def test_early_stopping_stops_and_keeps_the_best_step(stopped):
     cfg, run, summary, seen = stopped
     best = summary["best"]
@@ -71,6 +72,7 @@ def test_early_stopping_stops_and_keeps_the_best_step(stopped):
     assert (ckpt_dir / "latest").read_text().strip() == f"ckpt-{summary['last_step']:08d}"
 
 
+@pytest.mark.integration
 def test_eval_uses_the_best_checkpoint(stopped):
     cfg, run, summary, _ = stopped
     run_cfg, model, ckpt = load_trained(run)
@@ -83,6 +85,7 @@ def test_eval_uses_the_best_checkpoint(stopped):
     assert r.exit_code == 2 and "no complete checkpoint for step 7" in r.output
 
 
+@pytest.mark.integration
 def test_resuming_a_stopped_run_trains_nothing_more(stopped):
     cfg, run, summary, _ = stopped
     again = train(cfg, run)
@@ -90,6 +93,7 @@ def test_resuming_a_stopped_run_trains_nothing_more(stopped):
     assert again["best"] == summary["best"]
 
 
+@pytest.mark.integration
 def test_pruning_keeps_the_best_checkpoint(stopped):
     cfg, run, summary, _ = stopped
     _, model, ckpt = load_trained(run)
@@ -105,6 +109,7 @@ def _optimizers(cfg):
     return make_optimizers(cfg.train)
 
 
+@pytest.mark.integration
 def test_two_workers_and_two_ps_stop_early_at_the_same_step(prepared_2500, tmp_path):
     """Rank 0 validates against the PS tables; every rank learns the verdict by broadcast, so
     all ranks leave the loop after the same step and no rank waits forever at a barrier."""

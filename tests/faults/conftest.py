@@ -21,10 +21,17 @@ ORPHAN_GRACE_S = 30.0  # a PS notices a dead launcher within a second; give slow
 HERE = Path(__file__).parent
 
 
+# Whole modules of real trainings and launches: the integration tier (not in make test-fast).
+INTEGRATION_MODULES = {"test_process_faults.py", "test_run_dir.py"}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
-        if HERE in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if HERE in path.parents:
             item.add_marker(pytest.mark.faults)
+            if path.name in INTEGRATION_MODULES:
+                item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(autouse=True)

@@ -48,6 +48,7 @@ def _full_disk(limit_bytes):
     return setup
 
 
+@pytest.mark.integration
 def test_full_disk_during_prepare_is_one_line_and_leaves_nothing(tiny_data, tmp_path):
     out = tmp_path / "prepared"
     r = _run(_prepare_argv(_raw(tiny_data), out), preexec_fn=_full_disk(20_000))
@@ -60,6 +61,7 @@ def test_full_disk_during_prepare_is_one_line_and_leaves_nothing(tiny_data, tmp_
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.integration
 def test_killed_prepare_leaves_nothing_the_next_one_keeps(tiny_data, tmp_path):
     """kill -9 at a random point of a prepare; the next prepare cleans its temporary directory
     and writes exactly what an uninterrupted prepare writes."""
@@ -116,6 +118,7 @@ def test_unknown_key_names_its_section_and_bad_enum_lists_values():
 NOISE = ("Unable to register", "GraphKeys", "_SingleDeviceSaver", "cuda_")
 
 
+@pytest.mark.integration
 def test_commands_print_no_tensorflow_noise_but_real_errors(tiny_data, tmp_path):
     r = _run([*GMETA, "train", "--data", str(tiny_data), "--out", str(tmp_path / "run"), "--steps", "2",
               "--set", "data.tasks_per_batch=4", "--set", "train.log_every=1"])
