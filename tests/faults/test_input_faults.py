@@ -110,7 +110,7 @@ def test_unknown_key_names_its_section_and_bad_enum_lists_values():
         load_config(None, ["model.embeding_dim=8"])
     with pytest.raises(ConfigError, match=r"expected one of adam, adagrad, got 'sgd'"):
         load_config(None, ["train.optimizer=sgd"])
-    with pytest.raises(ConfigError, match=r"'meta\.adapt': expected one of top, dense, dense\+embedding"):
+    with pytest.raises(ConfigError, match=r"'meta\.adapt': expected one of head, top, dense, dense\+embedding"):
         load_config(None, ["meta.adapt=all"])
 
 
