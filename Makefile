@@ -9,7 +9,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVOD_VERSION := 0.28.1
 
-.PHONY: install test test-fast lint-imports demo bench quality lint clean
+.PHONY: install test test-soak test-fast lint-imports demo bench quality lint clean
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
 
 $(VENV)/bin/python:
@@ -36,9 +36,13 @@ $(VENV)/.stamp-package: $(VENV)/.stamp-base setup.py
 	$(PIP) install --no-deps --no-build-isolation -e .
 	touch $@
 
-# The full suite: unit and integration tiers, after the architecture contract.
+# The full suite: unit and integration tiers, after the architecture contract. The soak tier
+# (20 seeded start-order runs, the kill -9 sequence over five launches) runs on its own.
 test: install lint-imports
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not soak" tests
+
+test-soak: install
+	$(PY) -m pytest -q -m soak tests
 
 # The unit tier (tests not marked `integration` in pytest.ini): no PS, horovodrun or long
 # training; a few minutes on 2 cores.

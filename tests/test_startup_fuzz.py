@@ -40,6 +40,7 @@ def _one_run(data_dir, run_dir, workers, delays):
 
 
 @pytest.mark.integration
+@pytest.mark.soak
 @pytest.mark.timeout(2400)
 def test_random_rank_start_order_never_crashes_a_ps(data_dir, tmp_path):
     rng = random.Random(SEED)

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from fault_helpers import TINY_SETS, project_processes
 
 from gmeta_tf.config.loader import load_config
@@ -119,6 +120,22 @@ def _cmd(pid) -> bytes:
         return b""
 
 
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGHUP"])
+def test_children_die_with_the_launcher(tiny_data, tmp_path, no_orphans, sig):
+    """Issue item 5 on its own (the soak sequence repeats it among other faults): whatever
+    kills ``gmeta launch local``, its PS, horovodrun and ranks exit with it."""
+    run = tmp_path / "run"
+    proc = _spawn(_launch_argv(tiny_data, run, steps=5000))
+    _wait_for(lambda: _ckpt_done(run, 10) or proc.poll() is not None, 300, "checkpoint 10")
+    assert proc.poll() is None, _output(proc)
+    assert any(b"ps serve" in _cmd(p) for p in project_processes(no_orphans))  # a PS to orphan
+    os.kill(proc.pid, getattr(signal, sig))  # the launcher alone, not its process group
+    proc.wait(60)
+    _wait_for(lambda: not project_processes(no_orphans), 60, f"every child of the launcher to exit after {sig}")
+    assert _complete_steps(run)[-1] < 5000
+
+
+@pytest.mark.soak
 def test_cluster_faults_in_sequence(tiny_data, tmp_path, no_orphans):
     """One run through four faults, each at a seeded point after a new checkpoint of a launch
     that would run for long: kill -9 of worker rank 1 and of the PS (each named, with what to
