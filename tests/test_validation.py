@@ -136,3 +136,26 @@ def test_two_workers_and_two_ps_stop_early_at_the_same_step(prepared_2500, tmp_p
     assert ranks[0]["last_step"] == ranks[1]["last_step"] == summary["best"]["step"] + EVAL_EVERY < 400
     assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
     assert "early stop at step" in r.stdout
+
+
+@pytest.mark.integration
+def test_a_damaged_best_checkpoint_falls_back_to_the_newest_intact(stopped, tmp_path):
+    import shutil
+
+    cfg, run, summary, _ = stopped
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    best_dir = copy / "checkpoints" / f"ckpt-{summary['best']['step']:08d}"
+    table = sorted((best_dir / "tables").glob("*.npz"))[0]
+    table.write_bytes(table.read_bytes()[:20])
+    logs = []
+    from gmeta_tf.train.checkpoint import CheckpointManager as Manager
+
+    _, model, _ = load_trained(run)  # a model of the same shape to restore into
+    manager = Manager(copy / "checkpoints", model, *_optimizers(cfg), log=logs.append)
+    step = manager.restore_which("best")
+    newest = max(int(p.name[5:]) for p in (copy / "checkpoints").glob("ckpt-*"))
+    assert step == newest != summary["best"]["step"]
+    assert any("best checkpoint" in line and table.name in line for line in logs), logs
+    with pytest.raises(Exception, match=table.name):
+        manager.restore_which(str(summary["best"]["step"]))

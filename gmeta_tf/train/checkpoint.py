@@ -130,13 +130,25 @@ class CheckpointManager:
         store.write_text(store.join(self.dir, BEST),
                          json.dumps({"checkpoint": store.basename(path), **info}, indent=1))
 
-    def resolve(self, which: str = "best") -> Optional[str]:
-        """``best`` (falls back to the latest when no validation ran), ``latest``, or a step."""
-        if which == "latest":
-            return self.latest()
-        if which == "best":
-            best = self.best()
-            return best["checkpoint"] if best else self.latest()
+    def restore_which(self, which: str = "best") -> int:
+        """Restore ``best``, ``latest`` or a step; returns the step, 0 when there is none.
+
+        ``best`` and ``latest`` never stop at a damaged checkpoint: a damaged best is reported and
+        the newest intact checkpoint is used, as ``restore()`` does for the latest. A step that
+        is damaged is an error naming the file."""
+        if which not in ("best", "latest"):
+            return self.restore(self.step_path(which))
+        best = self.best() if which == "best" else None
+        if best is not None:
+            problem = self.damage(best["checkpoint"])
+            if problem is None:
+                return self.restore(best["checkpoint"])
+            self.log(f"best checkpoint {best['checkpoint']} is damaged: {problem}; "
+                     f"using the newest intact checkpoint instead")
+        return self.restore()
+
+    def step_path(self, which: str) -> str:
+        """The complete checkpoint of step ``which`` (a number, as ``--checkpoint`` takes it)."""
         try:
             step = int(which)
         except ValueError:

@@ -294,10 +294,8 @@ def load_trained(run_dir: str | Path, overrides=(), checkpoint: str = "best") ->
     model = build_model(cfg, schema, Runtime())
     dense_opt, emb_opt = make_optimizers(cfg.train)
     ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt)
-    path = ckpt.resolve(checkpoint)
-    if path is None:
+    if not ckpt.restore_which(checkpoint):
         raise CheckpointError(f"{run_dir}: no complete checkpoint in {storage.join(run_dir, 'checkpoints')}")
-    ckpt.restore(path)
     check_data(ckpt.restored_meta, schema, cfg.data.path, ckpt.restored, "evaluate")
     return cfg, model, ckpt
 
