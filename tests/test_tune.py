@@ -272,6 +272,8 @@ def test_metric_must_fit_the_labels():
     assert resolve_metric("ndcg_at_5", cfg, "click") == "ndcg_at_5"
     with pytest.raises(TuneConfigError, match="mae is a metric of rating data"):
         resolve_metric("mae", cfg, "click")
-    cfg.train.best_metric = "auc_pooled"  # a result key with no direction known to tune
+    assert resolve_metric("auc_pooled", cfg, "click") == "auc_pooled"  # every eval metric with a direction
+    assert resolve_metric("mae_finetune", cfg, "rating") == "mae_finetune"
+    cfg.train.best_metric = "auc_tasks"  # a result key with no direction (a count of users)
     with pytest.raises(TuneConfigError, match="train.best_metric"):
         resolve_metric(None, cfg, "click")

@@ -15,7 +15,7 @@ from gmeta_tf import storage
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import UserError
 from gmeta_tf.train.validation import auto_metric
-from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig
+from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig, optuna_direction
 
 KIND_ONLY_METRICS = {"mae": "rating", "rmse": "rating", "auc": "click", "logloss": "click"}
 
@@ -29,12 +29,13 @@ def resolve_metric(spec_metric: str | None, cfg: Config, label_kind: str) -> str
     name = spec_metric or cfg.train.best_metric
     if name == "auto":
         return auto_metric(label_kind)
-    if name not in METRIC_DIRECTIONS:
+    if optuna_direction(name) is None:
         raise TuneConfigError(f"config key 'train.best_metric': gmeta tune needs one of "
                               f"{', '.join(METRIC_DIRECTIONS)} or auto, got {name!r}")
-    if name in KIND_ONLY_METRICS and KIND_ONLY_METRICS[name] != label_kind:
+    base = name.removesuffix("_finetune").removesuffix("_no_adapt")
+    if base in KIND_ONLY_METRICS and KIND_ONLY_METRICS[base] != label_kind:
         source = "the search space's metric" if spec_metric else "config key 'train.best_metric'"
-        raise TuneConfigError(f"{source}: {name} is a metric of {KIND_ONLY_METRICS[name]} data, "
+        raise TuneConfigError(f"{source}: {name} is a metric of {KIND_ONLY_METRICS[base]} data, "
                               f"but {cfg.data.path} has {label_kind} labels")
     return name
 
@@ -73,7 +74,7 @@ class TrainingObjective:
         trial.set_user_attr("run_dir", run_dir)
         self.log(f"trial {trial.number}: {params} -> {run_dir}")
 
-        sign = 1.0 if METRIC_DIRECTIONS[self.metric] == "minimize" else -1.0
+        sign = 1.0 if optuna_direction(self.metric) == "minimize" else -1.0
         best_so_far = [math.inf]
 
         def on_validation(step: int, metrics: dict) -> None:

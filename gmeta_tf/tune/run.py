@@ -24,7 +24,7 @@ from gmeta_tf.tune.objective import (
     resolve_metric,
     trial_overrides,
 )
-from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig, SearchSpace, validate_against_config
+from gmeta_tf.tune.space import BuildConfig, SearchSpace, optuna_direction, validate_against_config
 from gmeta_tf.tune.study import best_trial, make_pruner, open_study, run_study, trial_records
 
 BEST_FILE = "best.yaml"
@@ -68,7 +68,7 @@ def prepare(req: TuneRequest):
 
 def tune(req: TuneRequest, log: Callable[[str], None] = print) -> TuneResult:
     base, metric = prepare(req)
-    direction = METRIC_DIRECTIONS[metric]
+    direction = optuna_direction(metric)
     Path(req.out).mkdir(parents=True, exist_ok=True)
     fingerprint = {"space": req.space.to_dict(), "metric": metric,
                    "config": json.loads(json.dumps(config_to_dict(base)))}

@@ -16,11 +16,18 @@ import yaml
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import METRIC_DIRECTIONS as SCHEMA_DIRECTIONS
-from gmeta_tf.config.schema import Config, ConfigError
+from gmeta_tf.config.schema import Config, ConfigError, metric_direction
 from gmeta_tf.errors import UserError
 
 # Optuna's direction for each metric that can pick a best step (one table: config.schema).
 METRIC_DIRECTIONS = {m: ("minimize" if d < 0 else "maximize") for m, d in SCHEMA_DIRECTIONS.items()}
+
+
+def optuna_direction(metric: str) -> Optional[str]:
+    """``minimize`` / ``maximize`` for any metric key with a known direction (``_finetune`` and
+    ``_no_adapt`` variants too, as ``train.best_metric`` accepts them); None otherwise."""
+    d = metric_direction(metric)
+    return None if d is None else ("minimize" if d < 0 else "maximize")
 
 
 class SpaceError(UserError):
@@ -174,7 +181,7 @@ def parse_space(raw: Any, source: str = "<space>") -> SearchSpace:
         raise SpaceError(f"{where}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))} "
                          f"(expected space, metric)")
     metric = raw.get("metric", "auto")
-    if metric != "auto" and metric not in METRIC_DIRECTIONS:
+    if metric != "auto" and optuna_direction(metric) is None:
         raise SpaceError(f"{where}: metric must be auto or one of {', '.join(METRIC_DIRECTIONS)}, got {metric!r}")
     space = raw.get("space")
     if not isinstance(space, Mapping) or not space:
