@@ -273,7 +273,9 @@ def test_metric_must_fit_the_labels():
     with pytest.raises(TuneConfigError, match="mae is a metric of rating data"):
         resolve_metric("mae", cfg, "click")
     assert resolve_metric("auc_pooled", cfg, "click") == "auc_pooled"  # every eval metric with a direction
-    assert resolve_metric("mae_finetune", cfg, "rating") == "mae_finetune"
+    assert resolve_metric("mae_finetune", _build({"meta.algo": "erm"}), "rating") == "mae_finetune"
+    with pytest.raises(TuneConfigError, match="reported for ERM runs"):  # MAML runs are not fine-tuned
+        resolve_metric("mae_finetune", cfg, "rating")
     cfg.train.best_metric = "auc_tasks"  # a result key with no direction (a count of users)
     with pytest.raises(TuneConfigError, match="train.best_metric"):
         resolve_metric(None, cfg, "click")

@@ -43,6 +43,18 @@ def test_bad_validation_keys_name_the_key(bad):
         load_config("configs/quickstart.yaml", ["train.early_stop_patience=3"])  # needs eval_every
 
 
+@pytest.mark.parametrize("metric, named", [("mae", "mae is a metric of rating data"),
+                                           ("auc_finetune", "reported for ERM runs")])
+def test_a_metric_validation_cannot_report_fails_before_training(prepared_2500, tmp_path, metric, named):
+    """Clicks have no MAE and a MAML run no fine-tuned AUC: the key is named before any step,
+    and the run directory is not created."""
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={prepared_2500}", "train.eval_every=5",
+                                                  f"train.best_metric={metric}"])
+    with pytest.raises(ConfigError, match=f"train.best_metric.*{named}"):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def stopped(prepared_2500, tmp_path_factory):
     run = tmp_path_factory.mktemp("early") / "run"

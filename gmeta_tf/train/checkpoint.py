@@ -142,7 +142,7 @@ class CheckpointManager:
         if best is not None:
             problem = self.damage(best["checkpoint"])
             if problem is None:
-                return self.restore(best["checkpoint"])
+                return self._load(best["checkpoint"])
             self.log(f"best checkpoint {best['checkpoint']} is damaged: {problem}; "
                      f"using the newest intact checkpoint instead")
         return self.restore()
@@ -251,14 +251,19 @@ class CheckpointManager:
                     "--no-resume (or a new --out), or restore the checkpoint directory from a copy")
             if damaged:
                 self.log(f"falling back to the newest intact checkpoint {path}")
+            return self._load(path)
         path = str(path)
-        meta_file = store.join(path, META)
-        if not store.exists(meta_file):
+        if not store.exists(store.join(path, META)):
             raise CheckpointError(f"checkpoint {path} is incomplete (no meta.json)")
         problem = self.damage(path)
         if problem is not None:
             raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
-        meta = json.loads(store.read_text(meta_file))
+        return self._load(path)
+
+    def _load(self, path: str) -> int:
+        """Read checkpoint ``path`` into the model, optimizers and tables; already checked
+        intact by ``damage`` (each file is hashed once per restore, not twice)."""
+        meta = json.loads(store.read_text(store.join(path, META)))
         try:
             self._tf_ckpt.read(store.join(path, "dense")).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:

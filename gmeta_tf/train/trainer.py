@@ -103,6 +103,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     absolute_data_path(cfg)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
+    metric = resolve_metric(cfg, schema["label"]["kind"])  # a metric validation can't report fails here
     model, dense_opt, emb_opt, step_fn, ckpt = build_tables_once(cfg, schema, rt, run_dir)
     ckpt.log = rt.log
     start = 0
@@ -119,7 +120,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
     start = rt.sync.broadcast_int(start)
     tracker = BestTracker.from_state((ckpt.restored_meta or {}).get("validation") if start else None,
-                                     resolve_metric(cfg, model.kind), cfg.train.early_stop_patience)
+                                     metric, cfg.train.early_stop_patience)
     validating = cfg.train.eval_every > 0
     stopped = rt.sync.broadcast_int(int(validating and tracker.should_stop))
     if stopped and rt.rank == 0:
@@ -259,13 +260,7 @@ def _validation_point(cfg: Config, model: DLRM, rt: Runtime, hot, tracker: BestT
     rt.sync.barrier()
     improved = 0
     if rt.rank == 0:
-        from gmeta_tf.errors import UserError
-
-        metrics = validate(model, cfg)
-        if tracker.metric not in metrics:
-            have = ", ".join(k for k, v in metrics.items() if isinstance(v, float))
-            raise UserError(f"train.best_metric: validation reports no {tracker.metric!r} for this run "
-                            f"(algo {cfg.meta.algo}); it reports {have}")
+        metrics = validate(model, cfg)  # reports tracker.metric: resolve_metric checked it at start
         improved = int(tracker.update(step, float(metrics[tracker.metric])))
         shown = {k: v for k, v in metrics.items() if isinstance(v, float) and not k.endswith("_no_adapt")}
         rt.log(f"step {step} valid " + " ".join(f"{k} {v:.4f}" for k, v in shown.items())

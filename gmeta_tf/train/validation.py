@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from gmeta_tf.config.schema import Config, metric_direction
+from gmeta_tf.config.schema import Config, ConfigError, metric_direction
 
 OnValidation = Callable[[int, Dict], None]
 
@@ -26,9 +26,29 @@ def auto_metric(kind: str) -> str:
     return "mae" if kind == "rating" else "auc"
 
 
+# Metrics only one label kind reports (ranking metrics and their variants are reported for both).
+KIND_ONLY_METRICS = {"mae": "rating", "rmse": "rating", "auc": "click", "auc_pooled": "click", "logloss": "click"}
+
+
+def metric_mismatch(name: str, kind: str, cfg: Config) -> Optional[str]:
+    """Why validation of this run can never report metric ``name`` (None when it can), so a
+    wrong ``train.best_metric`` fails before training, not at the first validation."""
+    base = name.removesuffix("_finetune").removesuffix("_no_adapt")
+    if base in KIND_ONLY_METRICS and KIND_ONLY_METRICS[base] != kind:
+        return f"{name} is a metric of {KIND_ONLY_METRICS[base]} data, but {cfg.data.path} has {kind} labels"
+    if name.endswith("_finetune") and (cfg.meta.algo != "erm" or cfg.eval.finetune_steps == 0):
+        return f"{name} is reported for ERM runs fine-tuned on the support set (meta.algo erm, eval.finetune_steps > 0)"
+    return None
+
+
 def resolve_metric(cfg: Config, kind: str) -> str:
     """``train.best_metric`` with ``auto`` made concrete for the data's label kind."""
-    return auto_metric(kind) if cfg.train.best_metric == "auto" else cfg.train.best_metric
+    if cfg.train.best_metric == "auto":
+        return auto_metric(kind)
+    problem = metric_mismatch(cfg.train.best_metric, kind, cfg)
+    if problem and cfg.train.eval_every > 0:
+        raise ConfigError(f"config key 'train.best_metric': {problem}")
+    return cfg.train.best_metric
 
 
 @dataclass

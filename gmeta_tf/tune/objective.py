@@ -14,10 +14,8 @@ import optuna
 from gmeta_tf import storage
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import UserError
-from gmeta_tf.train.validation import auto_metric
+from gmeta_tf.train.validation import auto_metric, metric_mismatch
 from gmeta_tf.tune.space import METRIC_DIRECTIONS, BuildConfig, optuna_direction
-
-KIND_ONLY_METRICS = {"mae": "rating", "rmse": "rating", "auc": "click", "logloss": "click"}
 
 
 class TuneConfigError(UserError):
@@ -32,11 +30,10 @@ def resolve_metric(spec_metric: str | None, cfg: Config, label_kind: str) -> str
     if optuna_direction(name) is None:
         raise TuneConfigError(f"config key 'train.best_metric': gmeta tune needs one of "
                               f"{', '.join(METRIC_DIRECTIONS)} or auto, got {name!r}")
-    base = name.removesuffix("_finetune").removesuffix("_no_adapt")
-    if base in KIND_ONLY_METRICS and KIND_ONLY_METRICS[base] != label_kind:
+    problem = metric_mismatch(name, label_kind, cfg)
+    if problem:
         source = "the search space's metric" if spec_metric else "config key 'train.best_metric'"
-        raise TuneConfigError(f"{source}: {name} is a metric of {KIND_ONLY_METRICS[base]} data, "
-                              f"but {cfg.data.path} has {label_kind} labels")
+        raise TuneConfigError(f"{source}: {problem}")
     return name
 
 
