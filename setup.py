@@ -20,6 +20,7 @@ setup(
         "jsonschema==4.23.0",
         "Jinja2==3.1.4",
         "optuna==4.1.0",
+        "kserve==0.15.2",
     ],
     # s3:// (and az://) run directories: TensorFlow has no S3 filesystem built in since 2.6.
     extras_require={"s3": ["tensorflow-io==0.37.1"]},
