@@ -10,6 +10,7 @@ from gmeta_tf.cli.k8s_entrypoint_cmd import entrypoint_cmd
 from gmeta_tf.cli.launch_cmd import launch
 from gmeta_tf.cli.plan_cmd import plan_group
 from gmeta_tf.cli.ps_cmd import ps_group
+from gmeta_tf.cli.serve_cmd import serve_cmd
 from gmeta_tf.cli.train_cmd import eval_cmd, train
 from gmeta_tf.cli.tune_cmd import tune
 
@@ -31,6 +32,7 @@ k8s_group.add_command(entrypoint_cmd)
 cli.add_command(k8s_group)
 cli.add_command(job_group)
 cli.add_command(plan_group)
+cli.add_command(serve_cmd)
 
 if __name__ == "__main__":
     cli()

@@ -1,0 +1,124 @@
+"""Bounded micro-batching of concurrent calls to one signature.
+
+KServe's Python ModelServer has no batcher (KServe batches in its Go agent sidecar, and only
+for v1 ``instances``), so concurrent ``predict`` requests would each pay a full model call.
+This merges the requests that arrive within ``max_latency_ms`` of the first, up to
+``max_batch_size`` rows, into one call and splits the outputs back. At most ``max_queue``
+requests wait (later ones wait to enqueue: back-pressure, not unbounded memory) and at most
+``max_inflight`` merged calls run at once. Inputs are validated before they are queued, so one
+request's error cannot fail its batch-mates; if a merged call fails anyway, each request of the
+batch is retried alone so the error reaches only the request that caused it.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from gmeta_tf.serve.signatures import Signature
+
+Arrays = Dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_batch_size: int = 0  # rows per merged call; 0 turns batching off
+    max_latency_ms: float = 2.0  # longest a request waits for batch-mates
+    max_queue: int = 1024  # requests waiting to be merged
+    max_inflight: int = 2  # merged calls running at once
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_batch_size > 0
+
+
+def batchable(sig: Signature) -> bool:
+    """One batch group covering every input, and every output batch-major: rows can be
+    concatenated and split. (``adapt_and_predict`` is not: its support set belongs to one request.)"""
+    if len(sig.batch_groups) != 1 or sum(len(v) for v in sig.batch_groups.values()) != len(sig.inputs):
+        return False
+    return all(o.shape is not None and o.shape and o.shape[0] is None for o in sig.outputs.values())
+
+
+@dataclass
+class _Item:
+    arrays: Arrays
+    rows: int
+    future: asyncio.Future
+
+
+class MicroBatcher:
+    def __init__(self, run: Callable[[Arrays], Arrays], config: BatchingConfig):
+        self._run = run
+        self._config = config
+        self._queue: Optional[asyncio.Queue] = None
+        self._worker: Optional[asyncio.Task] = None
+        self._inflight: Optional[asyncio.Semaphore] = None
+
+    async def submit(self, arrays: Arrays) -> Arrays:
+        if self._worker is None:  # created on first use, inside the server's event loop
+            self._queue = asyncio.Queue(self._config.max_queue)
+            self._inflight = asyncio.Semaphore(self._config.max_inflight)
+            self._worker = asyncio.get_running_loop().create_task(self._loop())
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Item(arrays, int(next(iter(arrays.values())).shape[0]), future))
+        return await future
+
+    async def _collect(self) -> List[_Item]:
+        loop = asyncio.get_running_loop()
+        items = [await self._queue.get()]
+        rows = items[0].rows
+        deadline = loop.time() + self._config.max_latency_ms / 1000.0
+        while rows < self._config.max_batch_size:
+            if self._queue.empty():
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+            else:
+                item = self._queue.get_nowait()
+            items.append(item)
+            rows += item.rows
+        return items
+
+    async def _loop(self) -> None:
+        while True:
+            await self._inflight.acquire()
+            items = await self._collect()
+            asyncio.get_running_loop().create_task(self._call(items))
+
+    async def _call(self, items: List[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if len(items) == 1:
+                await self._settle(items[0], loop)
+                return
+            merged = {k: np.concatenate([it.arrays[k] for it in items]) for k in items[0].arrays}
+            try:
+                out = await loop.run_in_executor(None, self._run, merged)
+            except Exception:
+                for it in items:
+                    await self._settle(it, loop)
+                return
+            start = 0
+            for it in items:
+                if not it.future.done():
+                    it.future.set_result({k: v[start:start + it.rows] for k, v in out.items()})
+                start += it.rows
+        finally:
+            self._inflight.release()
+
+    async def _settle(self, item: _Item, loop) -> None:
+        try:
+            result = await loop.run_in_executor(None, self._run, item.arrays)
+        except Exception as e:  # delivered to the request that caused it
+            if not item.future.done():
+                item.future.set_exception(e)
+            return
+        if not item.future.done():
+            item.future.set_result(result)

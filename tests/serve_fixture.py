@@ -1,0 +1,212 @@
+"""The model `gmeta serve` is tested and benchmarked on: ONE place to change.
+
+Until `gmeta export` lands, this builds a stand-in: a small stock-TensorFlow SavedModel
+(``tf.Module`` + ``tf.function`` signatures, no TFRA, no gmeta_tf) with the export's signature
+names, input names, dtypes and shapes, and deterministic weights, so responses can be asserted
+by value against the SavedModel called in-process. After the merge, ``build_model`` can run
+``gmeta export`` on a trained run instead; the tests and the ``serve`` bench section only use
+``build_model`` and ``example_inputs``, and start the real server with ``server_process``.
+
+Signatures (as the export will have them):
+
+* ``predict(user int64 [N], item int64 [N], genres int64 [N, L], dense float32 [N, D]) -> score [N]``
+* ``adapt_and_predict(support_user, support_item, support_genres, support_dense, support_label
+  float32 [S], query_user, query_item, query_genres, query_dense) -> score [Q]``: a few SGD steps of
+  the output layer on the support samples (on a copy, like the real inner loop), then query scores.
+* ``serving_default`` = ``predict``.
+"""
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, Sequence, Tuple
+
+import numpy as np
+
+GENRES = 3  # L: multi-hot width
+DENSE = 4  # D: dense features
+FEATURES = ("user", "item", "genres", "dense")
+_ROWS = 97  # rows per table; ids are taken modulo this (stands in for the unknown-id row)
+_EMB = 8
+_HIDDEN = 16
+_INNER_STEPS = 2
+_INNER_LR = 0.5
+
+
+def _specs(prefix: str):
+    import tensorflow as tf
+
+    return {
+        f"{prefix}user": tf.TensorSpec([None], tf.int64, name=f"{prefix}user"),
+        f"{prefix}item": tf.TensorSpec([None], tf.int64, name=f"{prefix}item"),
+        f"{prefix}genres": tf.TensorSpec([None, GENRES], tf.int64, name=f"{prefix}genres"),
+        f"{prefix}dense": tf.TensorSpec([None, DENSE], tf.float32, name=f"{prefix}dense"),
+    }
+
+
+def _module():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(7)
+
+    def var(*shape):
+        return tf.Variable(rng.normal(0.0, 0.5, shape).astype(np.float32))
+
+    class StandIn(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.user_table = var(_ROWS, _EMB)
+            self.item_table = var(_ROWS, _EMB)
+            self.genre_table = var(_ROWS, _EMB)
+            self.dense_w = var(DENSE, _EMB)
+            self.w1 = var(4 * _EMB, _HIDDEN)
+            self.b1 = var(_HIDDEN)
+            self.w2 = var(_HIDDEN)
+            self.b2 = var()
+
+        def hidden(self, user, item, genres, dense):
+            def rows(table, ids):
+                return tf.gather(table, tf.math.floormod(ids, _ROWS))
+
+            x = tf.concat([rows(self.user_table, user), rows(self.item_table, item),
+                           tf.reduce_mean(rows(self.genre_table, genres), axis=1),
+                           tf.matmul(dense, self.dense_w)], axis=1)
+            return tf.tanh(tf.matmul(x, self.w1) + self.b1)
+
+        @staticmethod
+        def head(h, w2, b2):
+            return tf.linalg.matvec(h, w2) + b2
+
+        @tf.function(input_signature=[_specs("")])
+        def predict(self, features):
+            h = self.hidden(*(features[k] for k in FEATURES))
+            return {"score": tf.sigmoid(self.head(h, self.w2, self.b2))}
+
+        @tf.function(input_signature=[{**_specs("support_"),
+                                       "support_label": tf.TensorSpec([None], tf.float32, name="support_label"),
+                                       **_specs("query_")}])
+        def adapt_and_predict(self, features):
+            hs = self.hidden(*(features[f"support_{k}"] for k in FEATURES))
+            hq = self.hidden(*(features[f"query_{k}"] for k in FEATURES))
+            w2, b2 = tf.identity(self.w2), tf.identity(self.b2)  # fast weights: copies, never assigned
+            for _ in range(_INNER_STEPS):
+                with tf.GradientTape() as tape:
+                    tape.watch([w2, b2])
+                    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+                        labels=features["support_label"], logits=self.head(hs, w2, b2)))
+                gw, gb = tape.gradient(loss, [w2, b2])
+                w2, b2 = w2 - _INNER_LR * gw, b2 - _INNER_LR * gb
+            return {"score": tf.sigmoid(self.head(hq, w2, b2))}
+
+    return StandIn()
+
+
+def build_model(out_dir) -> Path:
+    """Write the model under test to ``out_dir`` (a SavedModel directory) and return it."""
+    import tensorflow as tf
+
+    out = Path(out_dir)
+    m = _module()
+    predict = m.predict.get_concrete_function()
+    tf.saved_model.save(m, str(out), signatures={
+        "predict": predict,
+        "serving_default": predict,
+        "adapt_and_predict": m.adapt_and_predict.get_concrete_function(),
+    })
+    return out
+
+
+def _features(rng, prefix: str, n: int) -> Dict[str, np.ndarray]:
+    return {
+        f"{prefix}user": rng.integers(0, 10_000, n).astype(np.int64),
+        f"{prefix}item": rng.integers(0, 10_000, n).astype(np.int64),
+        f"{prefix}genres": rng.integers(0, 50, (n, GENRES)).astype(np.int64),
+        f"{prefix}dense": rng.normal(0.0, 1.0, (n, DENSE)).astype(np.float32),
+    }
+
+
+def example_inputs(signature: str, batch: int = 4, support: int = 6, seed: int = 0) -> Dict[str, np.ndarray]:
+    """Valid inputs for ``signature`` (``predict``/``serving_default``: ``batch`` rows;
+    ``adapt_and_predict``: ``support`` labelled samples and ``batch`` query samples)."""
+    rng = np.random.default_rng(seed)
+    if signature in ("predict", "serving_default"):
+        return _features(rng, "", batch)
+    if signature == "adapt_and_predict":
+        out = _features(rng, "support_", support)
+        out["support_label"] = (rng.random(support) < 0.5).astype(np.float32)
+        out.update(_features(rng, "query_", batch))
+        return out
+    raise ValueError(f"no example inputs for signature {signature!r}")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    from launch.local_cluster import free_ports
+
+    return free_ports(1)[0]
+
+
+def request(port: int, method: str, path: str, body: Any = None, timeout: float = 30.0,
+            raw: bytes = None, headers: Dict[str, str] = None) -> Tuple[int, Any]:
+    """One HTTP request to 127.0.0.1:port; returns (status, parsed JSON or text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        conn.request(method, path, body=data, headers={"content-type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        text = resp.read().decode()
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(text)
+    except ValueError:
+        return resp.status, text
+
+
+@contextlib.contextmanager
+def server_process(model_dir, log_path, name: str = "model", extra: Sequence[str] = (),
+                   start_timeout: float = 180.0) -> Iterator[Tuple[int, subprocess.Popen]]:
+    """A real `gmeta serve` on a free loopback port, ready when yielded, always stopped after.
+
+    Yields ``(port, process)``. Start-up is bounded: a server that exits or is not ready within
+    ``start_timeout`` s fails with the tail of its log.
+    """
+    port = free_port()
+    cmd = [sys.executable, "-m", "gmeta_tf.cli.main", "serve", "--model", str(model_dir), "--port", str(port),
+           "--name", name, *extra]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"gmeta serve exited with {proc.returncode}:\n{Path(log_path).read_text()[-3000:]}")
+            try:
+                if request(port, "GET", f"/v2/models/{name}/ready", timeout=2.0)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gmeta serve not ready after {start_timeout:.0f} s:\n"
+                                   f"{Path(log_path).read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        log.close()
