@@ -1,7 +1,8 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``, ``startup``); the other sections' previous results stay in the JSON file.
+``sharding``, ``hot_split``, ``startup``, ``serve``); the other sections' previous results stay in the
+JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
 hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
@@ -81,6 +82,12 @@ def bench_startup(results: Dict) -> None:
     results["startup"] = measure(data, WORK)
 
 
+def bench_serve(results: Dict) -> None:
+    from bench.serve import measure
+
+    results["serve"] = measure(WORK / "serve")
+
+
 def bench_sharding(results: Dict) -> None:
     import os
 
@@ -92,7 +99,7 @@ def bench_sharding(results: Dict) -> None:
 
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
                                                 "sharding": bench_sharding, "hot_split": bench_hot_split,
-                                                "startup": bench_startup}
+                                                "startup": bench_startup, "serve": bench_serve}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -122,6 +129,13 @@ HEADLINES = [
     ("startup.seconds_1w", "start-up to first step, 1 worker, s (from ring joined)", ""),
     ("startup.seconds_8w", "start-up to first step, 8 workers, s (from ring joined)", ""),
     ("startup.wall_seconds_8w", "… 8 workers, s from launch (8 TF imports on this box)", ""),
+    ("serve.predict.c1.p50_ms", "gmeta serve predict (8 rows), 1 client, p50 ms", ""),
+    ("serve.predict.c1.p99_ms", "… p99 ms", ""),
+    ("serve.predict.c16.rps", "gmeta serve predict, 16 clients, requests/s", ""),
+    ("serve.predict.c16.p99_ms", "… p99 ms", ""),
+    ("serve.adapt_and_predict.c1.p50_ms", "gmeta serve adapt_and_predict (16+8), 1 client, p50 ms", ""),
+    ("serve.adapt_and_predict.c16.rps", "gmeta serve adapt_and_predict, 16 clients, requests/s", ""),
+    ("serve.batched_over_unbatched_rps_c16", "predict requests/s, micro-batching on / off, 16 clients", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
 ]
 

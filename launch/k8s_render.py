@@ -264,30 +264,35 @@ def crd_path() -> Path:
     return Path(__file__).resolve().parent / "schemas" / CRD_FILE
 
 
-@functools.lru_cache(maxsize=4)
-def _load_schema(path: str) -> Dict[str, Any]:
+@functools.lru_cache(maxsize=8)
+def load_crd_schema(path: str, kind: str, version: str, hint: str) -> Dict[str, Any]:
+    """The ``openAPIV3Schema`` of ``kind``'s ``version`` in the CRD file at ``path``; a missing file
+    is a ``CrdNotFoundError`` ending with ``hint`` (how to get one)."""
     p = Path(path)
     if not p.is_file():
-        raise CrdNotFoundError(f"TFJob CRD not found at {p}: set {CRD_ENV} to a copy of {CRD_FILE} "
-                               "(training-operator v1.9.0, manifests/base/crds), or reinstall gmeta-tf "
-                               "(it ships one in launch/schemas/)")
+        raise CrdNotFoundError(f"{kind} CRD not found at {p}: {hint}")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         docs = list(yaml.load_all(p.read_text(), Loader=loader))
     except yaml.YAMLError as e:
-        raise UserError(f"TFJob CRD {p} is not valid YAML: {e}") from None
+        raise UserError(f"{kind} CRD {p} is not valid YAML: {e}") from None
     for doc in docs:
         if not isinstance(doc, dict) or doc.get("kind") != "CustomResourceDefinition":
             continue
         spec = doc.get("spec") or {}
-        if (spec.get("names") or {}).get("kind") != "TFJob":
+        if (spec.get("names") or {}).get("kind") != kind:
             continue
-        for version in spec.get("versions") or []:
-            if version.get("name") == "v1":
-                schema = (version.get("schema") or {}).get("openAPIV3Schema")
+        for v in spec.get("versions") or []:
+            if v.get("name") == version:
+                schema = (v.get("schema") or {}).get("openAPIV3Schema")
                 if isinstance(schema, dict):
                     return schema
-    raise UserError(f"{p} holds no TFJob CustomResourceDefinition with a v1 openAPIV3Schema")
+    raise UserError(f"{p} holds no {kind} CustomResourceDefinition with a {version} openAPIV3Schema")
+
+
+def _load_schema(path: str) -> Dict[str, Any]:
+    return load_crd_schema(path, "TFJob", "v1", f"set {CRD_ENV} to a copy of {CRD_FILE} (training-operator "
+                           "v1.9.0, manifests/base/crds), or reinstall gmeta-tf (it ships one in launch/schemas/)")
 
 
 def tfjob_schema() -> Dict[str, Any]:
@@ -307,13 +312,17 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def tfjob_errors(doc: Any) -> List[str]:
-    """Every reason ``doc`` is not a valid TFJob, each as ``path: message`` (empty when valid)."""
+def schema_errors(schema: Dict[str, Any], doc: Any) -> List[str]:
+    """Every way ``doc`` breaks ``schema``, each as ``path: message``, sorted by path."""
     from jsonschema import Draft7Validator
 
-    validator = Draft7Validator(tfjob_schema())
-    found = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
-    errors = [f"{_path(e.absolute_path)}: {_short(e.message)}" for e in found]
+    found = sorted(Draft7Validator(schema).iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{_path(e.absolute_path)}: {_short(e.message)}" for e in found]
+
+
+def tfjob_errors(doc: Any) -> List[str]:
+    """Every reason ``doc`` is not a valid TFJob, each as ``path: message`` (empty when valid)."""
+    errors = schema_errors(tfjob_schema(), doc)
     if not isinstance(doc, dict):
         return errors
     if doc.get("apiVersion") != "kubeflow.org/v1":

@@ -7,6 +7,7 @@ from gmeta_tf.cli.demo_cmd import demo
 from gmeta_tf.cli.job_cmd import job_group
 from gmeta_tf.cli.k8s_cmd import k8s_group
 from gmeta_tf.cli.k8s_entrypoint_cmd import entrypoint_cmd
+from gmeta_tf.cli.k8s_serve_cmd import render_serving_cmd
 from gmeta_tf.cli.launch_cmd import launch
 from gmeta_tf.cli.plan_cmd import plan_group
 from gmeta_tf.cli.ps_cmd import ps_group
@@ -29,6 +30,7 @@ cli.add_command(demo)
 cli.add_command(ps_group)
 cli.add_command(launch)
 k8s_group.add_command(entrypoint_cmd)
+k8s_group.add_command(render_serving_cmd)
 cli.add_command(k8s_group)
 cli.add_command(job_group)
 cli.add_command(plan_group)

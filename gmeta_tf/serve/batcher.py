@@ -2,8 +2,10 @@
 
 KServe's Python ModelServer has no batcher (KServe batches in its Go agent sidecar, and only
 for v1 ``instances``), so concurrent ``predict`` requests would each pay a full model call.
-This merges the requests that arrive within ``max_latency_ms`` of the first, up to
-``max_batch_size`` rows, into one call and splits the outputs back. At most ``max_queue``
+This merges concurrent requests, up to ``max_batch_size`` rows, into one call and splits the
+outputs back. It waits for batch-mates (at most ``max_latency_ms`` after the first request) only
+while another merged call is running: when the model is idle a request goes straight in, so a
+lone client pays no batching delay, and under load the wait overlaps a call that runs anyway. At most ``max_queue``
 requests wait (later ones wait to enqueue: back-pressure, not unbounded memory) and at most
 ``max_inflight`` merged calls run at once. Inputs are validated before they are queued, so one
 request's error cannot fail its batch-mates; if a merged call fails anyway, each request of the
@@ -56,6 +58,7 @@ class MicroBatcher:
         self._queue: Optional[asyncio.Queue] = None
         self._worker: Optional[asyncio.Task] = None
         self._inflight: Optional[asyncio.Semaphore] = None
+        self._running = 0  # merged calls in the model right now
 
     async def submit(self, arrays: Arrays) -> Arrays:
         if self._worker is None:  # created on first use, inside the server's event loop
@@ -74,6 +77,8 @@ class MicroBatcher:
         while rows < self._config.max_batch_size:
             if self._queue.empty():
                 left = deadline - loop.time()
+                if self._running == 0:  # the model is idle: waiting would only add latency
+                    break
                 if left <= 0:
                     break
                 try:
@@ -90,6 +95,7 @@ class MicroBatcher:
         while True:
             await self._inflight.acquire()
             items = await self._collect()
+            self._running += 1  # counted from dispatch, before the task first runs
             asyncio.get_running_loop().create_task(self._call(items))
 
     async def _call(self, items: List[_Item]) -> None:
@@ -111,6 +117,7 @@ class MicroBatcher:
                     it.future.set_result({k: v[start:start + it.rows] for k, v in out.items()})
                 start += it.rows
         finally:
+            self._running -= 1
             self._inflight.release()
 
     async def _settle(self, item: _Item, loop) -> None:

@@ -1,0 +1,98 @@
+"""``make bench`` section ``serve``: latency and throughput of a real `gmeta serve` over HTTP.
+
+For each signature (``predict``: 8 candidate rows per request; ``adapt_and_predict``: 16 support
+samples + 8 queries) and 1 and 16 concurrent clients, each client sends the same v1 columnar
+request back to back on its own keep-alive connection for ``seconds``, after a short warm-up.
+Keys: ``serve.<signature>.c<clients>.p50_ms`` / ``.p99_ms`` / ``.rps``, plus
+``serve.predict_batched.c16.*`` (micro-batching on) and ``serve.batched_over_unbatched_rps_c16``.
+Clients and server share this box's cores, so absolute figures are pessimistic; the ratio is
+what to track.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+
+NAME = "model"
+ROWS = 8
+SUPPORT = 16
+BATCHING = ["--max-batch-size", "64", "--max-latency-ms", "2"]
+
+
+def model_under_bench(work: Path) -> Path:
+    """The served model: today the stand-in of ``tests/serve_fixture.py`` (switch to an export here)."""
+    from tests.serve_fixture import build_model
+
+    return build_model(work / "serve-model")
+
+
+def _body(signature: str) -> bytes:
+    from tests.serve_fixture import example_inputs
+
+    x = example_inputs(signature, batch=ROWS, support=SUPPORT, seed=0)
+    return json.dumps({"signature_name": signature, "inputs": {k: v.tolist() for k, v in x.items()}}).encode()
+
+
+def _client(port: int, body: bytes, stop_at: float, warmup: int, out: List[float], errors: List[str]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"content-type": "application/json"}
+    path = f"/v1/models/{NAME}:predict"
+    try:
+        i = 0
+        while True:
+            t0 = time.perf_counter()
+            if i >= warmup and t0 >= stop_at:
+                break
+            conn.request("POST", path, body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status != 200:
+                errors.append(f"HTTP {resp.status}")
+                return
+            if i >= warmup:
+                out.append(time.perf_counter() - t0)
+            i += 1
+    finally:
+        conn.close()
+
+
+def load(port: int, signature: str, clients: int, seconds: float, warmup: int = 5) -> Dict[str, float]:
+    body = _body(signature)
+    per_client: List[List[float]] = [[] for _ in range(clients)]
+    errors: List[str] = []
+    t0 = time.perf_counter()
+    stop_at = t0 + seconds
+    threads = [threading.Thread(target=_client, args=(port, body, stop_at, warmup, per_client[c], errors))
+               for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"serve bench {signature} c{clients}: {errors[0]}")
+    lat = np.concatenate([np.asarray(c) for c in per_client]) * 1000.0
+    elapsed = max(time.perf_counter() - t0, 1e-9)
+    return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "rps": float(len(lat) / elapsed), "requests": int(len(lat))}
+
+
+def measure(work: Path, seconds: float = 3.0) -> Dict:
+    from tests.serve_fixture import server_process
+
+    work.mkdir(parents=True, exist_ok=True)
+    model = model_under_bench(work)
+    results: Dict = {"rows_per_request": ROWS, "support_per_request": SUPPORT, "seconds_per_point": seconds}
+    with server_process(model, work / "serve.log", name=NAME, extra=["--no-access-log"]) as (port, _):
+        for signature in ("predict", "adapt_and_predict"):
+            results[signature] = {f"c{c}": load(port, signature, c, seconds) for c in (1, 16)}
+    with server_process(model, work / "serve-batched.log", name=NAME, extra=["--no-access-log", *BATCHING]) as (port, _):
+        results["predict_batched"] = {f"c{c}": load(port, "predict", c, seconds) for c in (1, 16)}
+    results["batched_over_unbatched_rps_c16"] = (results["predict_batched"]["c16"]["rps"]
+                                                 / results["predict"]["c16"]["rps"])
+    return results
