@@ -171,17 +171,6 @@ def _bad_v1_cases():
     }
 
 
-@pytest.mark.parametrize("case", list(_bad_v1_cases()))
-def test_bad_v1_request_is_400_naming_the_input(server, reference, case):
-    port, proc = server
-    body, names = _bad_v1_cases()[case]
-    status, out = request(port, "POST", V1, body)
-    assert status == 400, out
-    assert names in out["error"], out
-    assert proc.poll() is None
-    _predict_ok(port, reference)  # a valid request right after still works
-
-
 def _bad_v2_cases():
     x = example_inputs("predict", batch=2, seed=8)
     good = _v2(x)
@@ -208,15 +197,19 @@ def _bad_v2_cases():
     }
 
 
-@pytest.mark.parametrize("case", list(_bad_v2_cases()))
-def test_bad_v2_request_is_400_naming_the_input(server, reference, case):
+_BAD = {**{("v1", case): (V1, body, names) for case, (body, names) in _bad_v1_cases().items()},
+        **{("v2", case): (V2, body, names) for case, (body, names) in _bad_v2_cases().items()}}
+
+
+@pytest.mark.parametrize("protocol,case", list(_BAD), ids=[f"{p}-{c}" for p, c in _BAD])
+def test_bad_request_is_400_naming_the_input(server, reference, protocol, case):
     port, proc = server
-    body, names = _bad_v2_cases()[case]
-    status, out = request(port, "POST", V2, body)
+    path, body, names = _BAD[(protocol, case)]
+    status, out = request(port, "POST", path, body)
     assert status == 400, out
     assert names in out["error"], out
     assert proc.poll() is None
-    _predict_ok(port, reference)
+    _predict_ok(port, reference)  # a valid request right after still works
 
 
 @pytest.mark.parametrize("path", [V1, V2])

@@ -47,3 +47,16 @@ def friendly_errors(f):
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
     return wrapper
+
+
+def write_output(text: str, out_file: str | None) -> bool:
+    """``text`` to ``out_file``, or to stdout when it is None; True when a file was written."""
+    if out_file is None:
+        click.echo(text, nl=False)
+        return False
+    try:
+        with open(out_file, "w") as fh:
+            fh.write(text)
+    except OSError as e:
+        raise UserError(f"cannot write {out_file}: {e.strerror}") from None
+    return True

@@ -13,8 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from gmeta_tf.cli.common import build_config, config_options, friendly_errors
-from gmeta_tf.errors import UserError
+from gmeta_tf.cli.common import build_config, config_options, friendly_errors, write_output
 from launch.k8s_render import DEFAULTS as _DEFAULTS  # (Jinja2 and jsonschema load only when used)
 
 
@@ -130,14 +129,8 @@ def write_render(request: RenderRequest, out_file: Optional[str]) -> None:
     """``render``'s body, shared by ``gmeta k8s render`` and ``gmeta job render``."""
     docs, text = request.yaml()
     echo_notes(request)
-    if out_file is None:
-        click.echo(text, nl=False)
+    if not write_output(text, out_file):
         return
-    try:
-        with open(out_file, "w") as fh:
-            fh.write(text)
-    except OSError as e:
-        raise UserError(f"cannot write {out_file}: {e.strerror}") from None
     tfjob = docs[1]
     specs = tfjob["spec"]["tfReplicaSpecs"]
     click.echo(f"wrote {out_file}: ConfigMap {docs[0]['metadata']['name']}, TFJob {tfjob['metadata']['name']} "

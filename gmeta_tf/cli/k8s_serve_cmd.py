@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import click
 
-from gmeta_tf.cli.common import friendly_errors
-from gmeta_tf.errors import UserError
+from gmeta_tf.cli.common import friendly_errors, write_output
 from launch.isvc_render import DEFAULTS
 
 
@@ -41,13 +40,5 @@ def render_serving_cmd(image, model_uri, name, namespace, model_name, cpu, memor
                                    max_replicas=max_replicas, max_batch_size=max_batch_size,
                                    max_latency_ms=max_latency_ms)
     validate_inference_service(doc)  # a missing CRD raises CrdNotFoundError: nothing unvalidated is written
-    text = to_yaml([doc])
-    if out_file is None:
-        click.echo(text, nl=False)
-        return
-    try:
-        with open(out_file, "w") as fh:
-            fh.write(text)
-    except OSError as e:
-        raise UserError(f"cannot write {out_file}: {e.strerror}") from None
-    click.echo(f"wrote {out_file}: InferenceService {name} serving {model_uri}")
+    if write_output(to_yaml([doc]), out_file):
+        click.echo(f"wrote {out_file}: InferenceService {name} serving {model_uri}")
