@@ -3,6 +3,8 @@
 For each signature (``predict``: 8 candidate rows per request; ``adapt_and_predict``: 16 support
 samples + 8 queries) and 1 and 16 concurrent clients, each client sends the same v1 columnar
 request back to back on its own keep-alive connection for ``seconds``, after a short warm-up.
+A second server with micro-batching on runs alongside; ``predict`` points alternate between the
+two in halves.
 Keys: ``serve.<signature>.c<clients>.p50_ms`` / ``.p99_ms`` / ``.rps``, plus
 ``serve.predict_batched.c16.*`` (micro-batching on) and ``serve.batched_over_unbatched_rps_c16``.
 Clients and server share this box's cores, so absolute figures are pessimistic; the ratio is
@@ -62,7 +64,8 @@ def _client(port: int, body: bytes, stop_at: float, warmup: int, out: List[float
         conn.close()
 
 
-def load(port: int, signature: str, clients: int, seconds: float, warmup: int = 5) -> Dict[str, float]:
+def _drive(port: int, signature: str, clients: int, seconds: float, warmup: int = 5):
+    """Latencies (s) of every measured request and the wall time they took."""
     body = _body(signature)
     per_client: List[List[float]] = [[] for _ in range(clients)]
     errors: List[str] = []
@@ -76,23 +79,35 @@ def load(port: int, signature: str, clients: int, seconds: float, warmup: int = 
         t.join()
     if errors:
         raise RuntimeError(f"serve bench {signature} c{clients}: {errors[0]}")
-    lat = np.concatenate([np.asarray(c) for c in per_client]) * 1000.0
-    elapsed = max(time.perf_counter() - t0, 1e-9)
+    return np.concatenate([np.asarray(c) for c in per_client]), time.perf_counter() - t0
+
+
+def _summary(runs) -> Dict[str, float]:
+    lat = np.concatenate([r[0] for r in runs]) * 1000.0
+    elapsed = max(sum(r[1] for r in runs), 1e-9)
     return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
             "rps": float(len(lat) / elapsed), "requests": int(len(lat))}
 
 
 def measure(work: Path, seconds: float = 3.0) -> Dict:
+    """Both servers run side by side; each predict point alternates between them in two halves,
+    so the batching ratio compares the same minutes of this shared box."""
     from tests.serve_fixture import server_process
 
     work.mkdir(parents=True, exist_ok=True)
     model = model_under_bench(work)
     results: Dict = {"rows_per_request": ROWS, "support_per_request": SUPPORT, "seconds_per_point": seconds}
-    with server_process(model, work / "serve.log", name=NAME, extra=["--no-access-log"]) as (port, _):
-        for signature in ("predict", "adapt_and_predict"):
-            results[signature] = {f"c{c}": load(port, signature, c, seconds) for c in (1, 16)}
-    with server_process(model, work / "serve-batched.log", name=NAME, extra=["--no-access-log", *BATCHING]) as (port, _):
-        results["predict_batched"] = {f"c{c}": load(port, "predict", c, seconds) for c in (1, 16)}
+    with server_process(model, work / "serve.log", name=NAME, extra=["--no-access-log"]) as (plain, _), \
+            server_process(model, work / "serve-batched.log", name=NAME,
+                           extra=["--no-access-log", *BATCHING]) as (batched, _):
+        results["predict"], results["predict_batched"] = {}, {}
+        for c in (1, 16):
+            halves = [(_drive(plain, "predict", c, seconds / 2), _drive(batched, "predict", c, seconds / 2))
+                      for _ in range(2)]
+            results["predict"][f"c{c}"] = _summary([h[0] for h in halves])
+            results["predict_batched"][f"c{c}"] = _summary([h[1] for h in halves])
+        results["adapt_and_predict"] = {f"c{c}": _summary([_drive(plain, "adapt_and_predict", c, seconds)])
+                                        for c in (1, 16)}
     results["batched_over_unbatched_rps_c16"] = (results["predict_batched"]["c16"]["rps"]
                                                  / results["predict"]["c16"]["rps"])
     return results
