@@ -27,6 +27,7 @@ from launch.k8s_render import (
     _check_quantity,
     _render,
     load_crd_schema,
+    raise_if_invalid,
     schema_errors,
 )
 
@@ -124,10 +125,4 @@ def isvc_errors(doc: Any) -> List[str]:
 
 
 def validate_inference_service(doc: Any) -> None:
-    errors = isvc_errors(doc)
-    if errors:
-        meta = doc.get("metadata") if isinstance(doc, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        shown = errors[:10] + ([f"... and {len(errors) - 10} more"] if len(errors) > 10 else [])
-        raise UserError(f"InferenceService {name or '(unnamed)'} does not match the serving.kserve.io/v1beta1 "
-                        "InferenceService CRD: " + "; ".join(shown))
+    raise_if_invalid(doc, isvc_errors(doc), "InferenceService", "serving.kserve.io/v1beta1 InferenceService")

@@ -356,10 +356,13 @@ def tfjob_errors(doc: Any) -> List[str]:
 def validate_tfjob(doc: Any) -> None:
     """Raise ``UserError`` listing every schema error with its path, e.g.
     ``spec.runPolicy.backoffLimit: 'three' is not of type 'integer'``."""
-    errors = tfjob_errors(doc)
+    raise_if_invalid(doc, tfjob_errors(doc), "TFJob", "kubeflow.org/v1 TFJob")
+
+
+def raise_if_invalid(doc: Any, errors: List[str], kind: str, crd: str) -> None:
+    """``UserError`` naming the object and its first ten errors, when there are any."""
     if errors:
         meta = doc.get("metadata") if isinstance(doc, dict) else None
         name = meta.get("name") if isinstance(meta, dict) else None
         shown = errors[:10] + ([f"... and {len(errors) - 10} more"] if len(errors) > 10 else [])
-        raise UserError(f"TFJob {name or '(unnamed)'} does not match the kubeflow.org/v1 TFJob CRD: "
-                        + "; ".join(shown))
+        raise UserError(f"{kind} {name or '(unnamed)'} does not match the {crd} CRD: " + "; ".join(shown))
