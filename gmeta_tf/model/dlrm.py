@@ -12,6 +12,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
 from gmeta_tf.errors import ClusterError
+from gmeta_tf.model.adaptable import label_scaling
 from gmeta_tf.model.column_split import ColumnSplitTable, storage_tables
 from gmeta_tf.model.dense_tower import DenseTower
 from gmeta_tf.model.tables import EmbeddingTable, local_namespace, table_devices
@@ -48,12 +49,7 @@ class DLRM:
                 self.namespace, cfg.init_stddev, seed=cfg.seed + i, bp_v2=bp_v2,
                 expected_rows=rows.get(name, 0)))
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
-        stats = schema.get("label_stats") or {}
-        if self.kind == "rating":
-            self.label_mean = float(stats.get("mean", 0.0))
-            self.label_std = float(stats.get("std", 1.0)) or 1.0
-        else:
-            self.label_mean, self.label_std = 0.0, 1.0
+        self.label_mean, self.label_std = label_scaling(schema)
 
     @property
     def table_names(self) -> List[str]:
