@@ -41,26 +41,12 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from gmeta_tf.data.prepare import prepare
-    from gmeta_tf.data.synth import synth
-
-    out = {}
-    for kind in ("click", "rating"):
-        root = tmp_path_factory.mktemp(f"export-{kind}")
-        synth(str(root / "raw"), tasks=300, seed=0, kind=kind)
-        prepare([str(root / "raw")], str(root / "prepared"), load_config("configs/quickstart.yaml").prepare)
-        out[kind] = root / "prepared"
-    return out
-
-
-def _train(prepared, tmp_path_factory, name):
+def _train(prepared_kinds, tmp_path_factory, name):
     from gmeta_tf.train.trainer import train
 
     kind, sets = RUNS[name]
     cfg = load_config("configs/quickstart.yaml", [
-        f"data.path={prepared[kind]}", "data.tasks_per_batch=8", "train.steps=10",
+        f"data.path={prepared_kinds[kind]}", "data.tasks_per_batch=8", "train.steps=10",
         "train.checkpoint_every=10", "train.log_every=5", *sets])
     run = tmp_path_factory.mktemp(f"run-{name}") / "run"
     train(cfg, run)
@@ -102,11 +88,11 @@ def _client(export_dir: Path, inputs: Path, out: Path) -> dict:
 
 
 @pytest.fixture(scope="module", params=list(RUNS))
-def exported(request, prepared, tmp_path_factory):
+def exported(request, prepared_kinds, tmp_path_factory):
     """(run dir, export dir, manifest, gmeta eval's scores, the fresh client's result)."""
     from gmeta_tf.export.export_run import export_run
 
-    run = _train(prepared, tmp_path_factory, request.param)
+    run = _train(prepared_kinds, tmp_path_factory, request.param)
     out = run.parent / "export"
     manifest = export_run(str(run), str(out))
     scores = _test_split_inputs(run, manifest, run.parent / "inputs.npz")

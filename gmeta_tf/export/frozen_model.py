@@ -6,7 +6,7 @@ every weight and table it holds is saved with the SavedModel.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import List
 
 import numpy as np
 import tensorflow as tf
@@ -16,11 +16,11 @@ from gmeta_tf.errors import CheckpointError
 from gmeta_tf.export.checkpoint_reader import read_dense, read_table
 from gmeta_tf.export.static_table import StaticTable
 from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, add_ridge_prior
-from gmeta_tf.model.adaptable import label_scaling
+from gmeta_tf.model.adaptable import TowerModel, label_scaling
 from gmeta_tf.model.dense_tower import DenseTower
 
 
-class FrozenModel(tf.Module):
+class FrozenModel(tf.Module, TowerModel):
     def __init__(self, cfg: Config, schema: dict, ckpt_dir: str):
         super().__init__(name="gmeta_model")
         self.kind: str = schema["label"]["kind"]
@@ -52,20 +52,3 @@ class FrozenModel(tf.Module):
                     f"{ckpt_dir}: dense weight {name!r} is {found}, but the run's config builds "
                     f"{list(var.shape)}; was the checkpoint written with another model config?")
             var.assign(value.astype(np.float32))
-
-    @property
-    def table_names(self) -> List[str]:
-        return self.cat_names + self.multi_names
-
-    @property
-    def dense_variables(self) -> Dict[str, tf.Variable]:
-        return self.tower.variables
-
-    def scale_labels(self, labels: tf.Tensor) -> tf.Tensor:
-        return (labels - self.label_mean) / self.label_std
-
-    def unscale(self, scores: tf.Tensor) -> tf.Tensor:
-        return scores * self.label_std + self.label_mean
-
-    def adapted_names(self, adapt: str) -> Sequence[str]:
-        return self.tower.names(adapt if adapt in ("head", "top") else "dense")

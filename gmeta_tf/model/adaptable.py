@@ -8,7 +8,7 @@ cannot drift from ``gmeta eval``'s, without building a table that needs TFRA.
 """
 from __future__ import annotations
 
-from typing import Dict, Protocol, Sequence, Tuple
+from typing import Dict, List, Protocol, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -40,6 +40,34 @@ class AdaptableModel(Protocol):
     def unscale(self, scores: tf.Tensor) -> tf.Tensor: ...
 
     def adapted_names(self, adapt: str) -> Sequence[str]: ...
+
+
+class TowerModel:
+    """What a model derives from its tower, feature names and label scaling; shared by the
+    DLRM and the export's frozen model so the two cannot scale or adapt differently."""
+
+    cat_names: List[str]
+    multi_names: List[str]
+    tower: DenseTower
+    label_mean: float
+    label_std: float
+
+    @property
+    def table_names(self) -> List[str]:
+        return self.cat_names + self.multi_names
+
+    @property
+    def dense_variables(self) -> Dict[str, tf.Variable]:
+        return self.tower.variables
+
+    def scale_labels(self, labels: tf.Tensor) -> tf.Tensor:
+        return (labels - self.label_mean) / self.label_std
+
+    def unscale(self, scores: tf.Tensor) -> tf.Tensor:
+        return scores * self.label_std + self.label_mean
+
+    def adapted_names(self, adapt: str) -> Sequence[str]:
+        return self.tower.names(adapt if adapt in ("head", "top") else "dense")
 
 
 def label_scaling(schema: dict) -> Tuple[float, float]:
