@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``, ``startup``); the other sections' previous results stay in the JSON file.
+``sharding``, ``hot_split``, ``startup``, ``export``); the other sections' previous results stay in the JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
 hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
@@ -90,9 +90,15 @@ def bench_sharding(results: Dict) -> None:
     results["sharding"] = run(measure_all=os.environ.get("GMETA_BENCH_SHARDING_MEASURE") == "all")
 
 
+def bench_export(results: Dict) -> None:
+    from bench.export_lookup import measure
+
+    results["export"] = measure(WORK)
+
+
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
                                                 "sharding": bench_sharding, "hot_split": bench_hot_split,
-                                                "startup": bench_startup}
+                                                "startup": bench_startup, "export": bench_export}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -123,6 +129,8 @@ HEADLINES = [
     ("startup.seconds_8w", "start-up to first step, 8 workers, s (from ring joined)", ""),
     ("startup.wall_seconds_8w", "… 8 workers, s from launch (8 TF imports on this box)", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
+    ("export.static_ns_per_id_hit", "exported table lookup (1M rows), ns per id", ""),
+    ("export.static_over_tfra", "exported table lookup / TFRA lookup (per id)", ""),
 ]
 
 
