@@ -42,6 +42,15 @@ def main(model_dir: str, inputs: str, out: str) -> None:
         got = adapt(**feed("adapt_and_predict"))
         result["adapt"].append(got["score"].numpy().tolist())
         result["adapt_no_adapt"].append(got["score_no_adapt"].numpy().tolist())
+    # The same users adapted concurrently: each call's adapted weights are its own, so the
+    # scores cannot change, and predict after all of them still scores as before.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda t: adapt(**{n: tf.constant(data[f"{t}/{n}"]) for n in names["adapt_and_predict"]})
+                                 ["score"].numpy().tolist(), range(int(data["tasks"]))))
+    result["adapt_concurrent"] = together
+    result["predict_after"] = predict(**{n: tf.constant(data[f"0/query_{n}"]) for n in names["predict"]})["score"].numpy().tolist()
     ops = graph_ops(model_dir)
     result["ops"] = sorted(ops)
     result["unregistered"] = sorted(op for op in ops if op_def_registry.get(op) is None)

@@ -113,6 +113,8 @@ def test_scores_equal_gmeta_eval_before_and_after_adaptation(exported):
     assert _max_diff(client["predict"], scores["before"]) <= TOL
     assert _max_diff(client["adapt_no_adapt"], scores["before"]) <= TOL
     assert _max_diff(client["adapt"], scores["after"]) <= TOL
+    assert _max_diff(client["adapt_concurrent"], client["adapt"]) <= 1e-6  # concurrent requests do not interfere
+    assert client["predict_after"] == client["predict"][0]  # adapting never writes the weights
     # Adaptation changes the scores (else "after" parity would prove nothing).
     assert _max_diff(scores["after"], scores["before"]) > 1e-3
     if manifest["label"]["kind"] == "rating":  # scores are on the rating scale, not standardised
