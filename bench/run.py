@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``, ``startup``, ``serve``); the other sections' previous results stay in the
+``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``); the other sections' previous results stay in the
 JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
@@ -97,9 +97,16 @@ def bench_sharding(results: Dict) -> None:
     results["sharding"] = run(measure_all=os.environ.get("GMETA_BENCH_SHARDING_MEASURE") == "all")
 
 
+def bench_export(results: Dict) -> None:
+    from bench.export_lookup import measure
+
+    results["export"] = measure(WORK)
+
+
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
                                                 "sharding": bench_sharding, "hot_split": bench_hot_split,
-                                                "startup": bench_startup, "serve": bench_serve}
+                                                "startup": bench_startup, "serve": bench_serve,
+                                                "export": bench_export}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -137,6 +144,8 @@ HEADLINES = [
     ("serve.adapt_and_predict.c16.rps", "gmeta serve adapt_and_predict, 16 clients, requests/s", ""),
     ("serve.batched_over_unbatched_rps_c16", "predict requests/s, micro-batching on / off, 16 clients", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
+    ("export.static_ns_per_id_hit", "exported table lookup (1M rows), ns per id", ""),
+    ("export.static_over_tfra", "exported table lookup / TFRA lookup (per id)", ""),
 ]
 
 

@@ -120,3 +120,20 @@ def prepared_2500(tmp_path_factory) -> Path:
     synth(str(root / "raw"), tasks=2500, seed=0)
     prepare([str(root / "raw")], str(root / "prepared"), load_config("configs/quickstart.yaml").prepare)
     return root / "prepared"
+
+
+@pytest.fixture(scope="session")
+def prepared_kinds(tmp_path_factory):
+    """Small prepared data sets of both label kinds (synthetic, 150 users each): ``{kind: dir}``."""
+    from gmeta_tf.config.schema import PrepareConfig
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    out = {}
+    for kind in ("click", "rating"):
+        root = tmp_path_factory.mktemp(f"prep-{kind}")
+        synth(str(root / "raw"), tasks=150, seed=3, kind=kind)
+        prepare([str(root / "raw")], str(root / "prepared"),
+                PrepareConfig(query=6, max_support=12, min_task_size=10, test_frac=0.3, valid_frac=0.1, shards=2))
+        out[kind] = root / "prepared"
+    return out

@@ -262,20 +262,8 @@ def _hand_baselines(data: Path, kind: str, item: str, S: int, Q: int, k: float, 
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """Small prepared data sets of both label kinds (synthetic, 150 users each)."""
-    from gmeta_tf.config.schema import PrepareConfig
-    from gmeta_tf.data.prepare import prepare
-    from gmeta_tf.data.synth import synth
-
-    out = {}
-    for kind in ("click", "rating"):
-        root = tmp_path_factory.mktemp(f"prep-{kind}")
-        synth(str(root / "raw"), tasks=150, seed=3, kind=kind)
-        prepare([str(root / "raw")], str(root / "prepared"),
-                PrepareConfig(query=6, max_support=12, min_task_size=10, test_frac=0.3, valid_frac=0.1, shards=2))
-        out[kind] = root / "prepared"
-    return out
+def prepared(prepared_kinds):
+    return prepared_kinds
 
 
 @pytest.mark.integration

@@ -4,6 +4,7 @@ import click
 import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
 from gmeta_tf.cli.data_cmd import data
 from gmeta_tf.cli.demo_cmd import demo
+from gmeta_tf.cli.export_cmd import export_cmd
 from gmeta_tf.cli.job_cmd import job_group
 from gmeta_tf.cli.k8s_cmd import k8s_group
 from gmeta_tf.cli.k8s_entrypoint_cmd import entrypoint_cmd
@@ -25,6 +26,7 @@ def cli():
 cli.add_command(data)
 cli.add_command(train)
 cli.add_command(eval_cmd)
+cli.add_command(export_cmd)
 cli.add_command(tune)
 cli.add_command(demo)
 cli.add_command(ps_group)

@@ -26,12 +26,13 @@ from gmeta_tf.evaluation import baselines, metrics, ranking
 from gmeta_tf.evaluation.baselines import TaskItems
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
 from gmeta_tf.metaio.reader import load_schema, make_dataset
+from gmeta_tf.model.adaptable import AdaptableModel
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import predictions
 from gmeta_tf.model.sparse_features import lookup_batch
 
 
-def query_predictions(model: DLRM, cfg: Config, batch: dict, *, steps: int, lr: float,
+def query_predictions(model: AdaptableModel, cfg: Config, batch: dict, *, steps: int, lr: float,
                       adapt_set: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Query predictions before and after ``steps`` inner steps (``[T, Q]`` each)."""
     spec = InnerLoopSpec.from_meta(model, replace(cfg.meta, adapt=adapt_set)).for_evaluation(steps, lr)
@@ -67,10 +68,30 @@ def _task_items(arrays: Dict[str, np.ndarray], t: int) -> TaskItems:
     return TaskItems(arrays["support_items"][t][sup], arrays["support_labels"][t][sup], arrays["query_items"][t][qry])
 
 
+def adaptation(cfg: Config, algo: str) -> tuple[int, float]:
+    """``(steps, lr)`` an unseen task adapts with: ERM fine-tunes (``eval.finetune_*``), meta
+    runs take the trained inner loop (``eval.adapt_steps`` or ``meta.inner_steps``)."""
+    if algo == "erm":
+        return cfg.eval.finetune_steps, cfg.eval.finetune_lr
+    return cfg.eval.adapt_steps or cfg.meta.inner_steps, cfg.meta.inner_lr
+
+
+def query_scores(model: DLRM, cfg: Config, split: Optional[str] = None) -> Dict[str, list]:
+    """Per task of ``split``, in reading order: ``task_ids``, query ``labels`` and the scores
+    ``evaluate`` computes its metrics from, ``before`` and ``after`` adaptation (one array per
+    task, padding removed). What an export's parity with ``gmeta eval`` is checked against."""
+    steps, lr = adaptation(cfg, cfg.meta.algo)
+    task_ids: List[str] = []
+    labels, before, after = _collect(model, cfg, split or cfg.eval.split, steps, lr, task_ids=task_ids)
+    return {"task_ids": task_ids, "labels": labels, "before": before, "after": after}
+
+
 def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float,
-             items: Optional[List[TaskItems]] = None, item: Optional[str] = None):
+             items: Optional[List[TaskItems]] = None, item: Optional[str] = None,
+             task_ids: Optional[List[str]] = None):
     """Per task: query labels and predictions before/after adaptation; with ``items``, also
-    appends each task's ``TaskItems`` (feature ``item``) to it, for the baselines."""
+    appends each task's ``TaskItems`` (feature ``item``) to it, for the baselines; with
+    ``task_ids``, each task's id."""
     ds = make_dataset(cfg.data.path, split, cfg.data, training=False)
     fn = tf.function(lambda b: query_predictions(model, cfg, b, steps=steps, lr=lr,
                                                  adapt_set=cfg.meta.adapt))
@@ -90,6 +111,8 @@ def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float,
             after.append(a[t][keep])
             if items is not None:
                 items.append(_task_items(arrays, t))
+            if task_ids is not None:
+                task_ids.append(batch["task_id"][t].numpy().decode())
             if cfg.eval.max_tasks and len(labels) >= cfg.eval.max_tasks:
                 return labels, before, after
     return labels, before, after
@@ -101,10 +124,7 @@ def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None, *
     reads the train split's labels, which a repeated validation pass may want to skip)."""
     split = split or cfg.eval.split
     kind = model.kind
-    if algo == "erm":
-        steps, lr = cfg.eval.finetune_steps, cfg.eval.finetune_lr
-    else:
-        steps, lr = cfg.eval.adapt_steps or cfg.meta.inner_steps, cfg.meta.inner_lr
+    steps, lr = adaptation(cfg, algo)
     schema = load_schema(cfg.data.path)
     item = baselines.item_feature(schema, cfg.eval.item_feature, cfg.data.path)  # fails before the long pass
     items: List[TaskItems] = []

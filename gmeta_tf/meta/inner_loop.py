@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
-from gmeta_tf.model.dlrm import DLRM
+from gmeta_tf.model.adaptable import AdaptableModel
 from gmeta_tf.model.heads import per_task_loss
 from gmeta_tf.model.sparse_features import SparseState
 
@@ -41,7 +41,7 @@ class InnerLoopSpec:
     ridge_lambda: float = 5.0  # newton: the prior's λ when the model learns none
 
     @classmethod
-    def from_meta(cls, model: DLRM, meta: MetaConfig) -> "InnerLoopSpec":
+    def from_meta(cls, model: AdaptableModel, meta: MetaConfig) -> "InnerLoopSpec":
         """The training inner loop of ``meta`` (``meta.adapt``, ``inner_steps``, ``inner_lr``, ``algo``)."""
         return cls(adapted=tuple(model.adapted_names(meta.adapt)), steps=meta.inner_steps, lr=meta.inner_lr,
                    adapt_embeddings=meta.adapt == "dense+embedding", embedding_lr=meta.embedding_inner_lr,
@@ -58,7 +58,7 @@ class FastWeights:
     sparse: SparseState  # rows are per-task copies when embeddings adapt
 
 
-def initial_fast_weights(model: DLRM, sparse: SparseState, adapted: Sequence[str],
+def initial_fast_weights(model: AdaptableModel, sparse: SparseState, adapted: Sequence[str],
                          num_tasks: tf.Tensor) -> FastWeights:
     dense = {}
     for name, var in model.dense_variables.items():
@@ -69,7 +69,7 @@ def initial_fast_weights(model: DLRM, sparse: SparseState, adapted: Sequence[str
     return FastWeights(dense, sparse)
 
 
-def task_losses(model: DLRM, fast: FastWeights, batch: dict, which: str) -> tf.Tensor:
+def task_losses(model: AdaptableModel, fast: FastWeights, batch: dict, which: str) -> tf.Tensor:
     """Per-task mean loss ``[T]`` of the support or query samples under ``fast``."""
     part = batch[which]
     scores = model.tower.forward(fast.dense, part["dense"], fast.sparse.embed(which))
@@ -77,7 +77,7 @@ def task_losses(model: DLRM, fast: FastWeights, batch: dict, which: str) -> tf.T
     return per_task_loss(model.kind, scores, labels, part["mask"])
 
 
-def adapt(model: DLRM, fast: FastWeights, batch: dict, spec: InnerLoopSpec) -> FastWeights:
+def adapt(model: AdaptableModel, fast: FastWeights, batch: dict, spec: InnerLoopSpec) -> FastWeights:
     """Run ``spec.steps`` inner steps (SGD, or Newton on the head) on every task's support set."""
     if spec.solver == "newton":
         for _ in range(spec.steps):
@@ -113,7 +113,7 @@ def adapt(model: DLRM, fast: FastWeights, batch: dict, spec: InnerLoopSpec) -> F
 RIDGE_PRIOR = "head/log_ridge_lambda"
 
 
-def add_ridge_prior(model: DLRM, lam: float) -> None:
+def add_ridge_prior(model: AdaptableModel, lam: float) -> None:
     """Give the tower a trainable per-feature λ, initialised to ``lam`` (a dense weight like any
     other: averaged across ranks, checkpointed, exported)."""
     width = int(model.dense_variables[f"{model.tower.head_layer}/w"].shape[0]) + 1
@@ -121,7 +121,7 @@ def add_ridge_prior(model: DLRM, lam: float) -> None:
         tf.fill([width], tf.math.log(tf.constant(lam, tf.float32))), name="head_log_ridge_lambda")
 
 
-def newton_head_step(model: DLRM, fast: FastWeights, batch: dict, lam: float,
+def newton_head_step(model: AdaptableModel, fast: FastWeights, batch: dict, lam: float,
                      second_order: bool) -> FastWeights:
     """One regularised Newton step on every task's last layer, all tasks at once.
 

@@ -5,20 +5,21 @@ learning rates work for clicks and ratings; ``predict`` maps scores back to the 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
 from gmeta_tf.errors import ClusterError
+from gmeta_tf.model.adaptable import TowerModel, label_scaling
 from gmeta_tf.model.column_split import ColumnSplitTable, storage_tables
 from gmeta_tf.model.dense_tower import DenseTower
 from gmeta_tf.model.tables import EmbeddingTable, local_namespace, table_devices
 from gmeta_tf.plan.placement_file import ColumnSplit, TablePlacement
 
 
-class DLRM:
+class DLRM(TowerModel):
     def __init__(self, cfg: ModelConfig, schema: dict, *, namespace: Optional[str] = None,
                  ps_tasks: int = 0, placement: Optional[Dict[str, TablePlacement]] = None,
                  bp_v2: bool = False):
@@ -48,29 +49,7 @@ class DLRM:
                 self.namespace, cfg.init_stddev, seed=cfg.seed + i, bp_v2=bp_v2,
                 expected_rows=rows.get(name, 0)))
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
-        stats = schema.get("label_stats") or {}
-        if self.kind == "rating":
-            self.label_mean = float(stats.get("mean", 0.0))
-            self.label_std = float(stats.get("std", 1.0)) or 1.0
-        else:
-            self.label_mean, self.label_std = 0.0, 1.0
-
-    @property
-    def table_names(self) -> List[str]:
-        return self.cat_names + self.multi_names
-
-    @property
-    def dense_variables(self) -> Dict[str, tf.Variable]:
-        return self.tower.variables
-
-    def scale_labels(self, labels: tf.Tensor) -> tf.Tensor:
-        return (labels - self.label_mean) / self.label_std
-
-    def unscale(self, scores: tf.Tensor) -> tf.Tensor:
-        return scores * self.label_std + self.label_mean
-
-    def adapted_names(self, adapt: str) -> Sequence[str]:
-        return self.tower.names(adapt if adapt in ("head", "top") else "dense")
+        self.label_mean, self.label_std = label_scaling(schema)
 
     def storage_tables(self) -> List[EmbeddingTable]:
         """The TFRA tables themselves (a column-split table is several): train, save, size these."""

@@ -17,7 +17,7 @@ from typing import List, Sequence
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
-from gmeta_tf.model.tables import EmbeddingTable
+from gmeta_tf.model.adaptable import LookupTable
 
 
 @dataclass
@@ -61,7 +61,7 @@ def feature_ids(batch: dict, cat_names: Sequence[str], multi_names: Sequence[str
     return out
 
 
-def lookup_batch(tables: Sequence[EmbeddingTable], batch: dict, cat_names: Sequence[str],
+def lookup_batch(tables: Sequence[LookupTable], batch: dict, cat_names: Sequence[str],
                  multi_names: Sequence[str], *, trainable: bool, per_task: bool) -> SparseState:
     feats = []
     for table, (s_ids, q_ids, multi) in zip(tables, feature_ids(batch, cat_names, multi_names)):

@@ -1,0 +1,68 @@
+"""``gmeta export``: a run's checkpoint → a SavedModel that stock TensorFlow serves.
+
+Layout of the output directory::
+
+    saved_model.pb, fingerprint.pb, variables/   the SavedModel (stock ops only; tag "serve")
+    assets.extra/export.json                      signatures, inputs, unknown-id policy, source
+    assets.extra/schema.json                      the prepared data's schema.json (fingerprint)
+    assets.extra/config.yaml                      the run's config, which built the model
+
+The model is built from the run's ``config.yaml`` and the prepared data's ``schema.json``,
+like ``gmeta eval`` builds it, and refused when that data's fingerprint differs from the one
+the checkpoint was trained on. The directory is written next to its final place and renamed
+into it only when complete (``data.atomic``): a failed export leaves no half-written output.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import tensorflow as tf
+
+from gmeta_tf import storage
+from gmeta_tf.config.loader import config_text, load_config
+from gmeta_tf.data import task_format as fmt
+from gmeta_tf.data.atomic import atomic_dir
+from gmeta_tf.errors import CheckpointError
+from gmeta_tf.export.checkpoint_reader import pick_checkpoint
+from gmeta_tf.export.frozen_model import FrozenModel
+from gmeta_tf.export.manifest import export_manifest
+from gmeta_tf.export.signatures import make_signatures, signature_inputs
+from gmeta_tf.train.checkpoint import META
+from gmeta_tf.train.run_files import check_data
+from gmeta_tf.train.trainer import CONFIG_FILE
+
+EXTRA = "assets.extra"
+MANIFEST = "export.json"
+
+
+def export_run(run_dir: str, out: str, which: str = "best", overwrite: bool = False,
+               log: Callable[[str], None] = print) -> dict:
+    """Export checkpoint ``which`` (best | latest | a step) of ``run_dir`` to ``out``; returns
+    the manifest written to ``out/assets.extra/export.json``."""
+    run_dir, out_p = str(run_dir), Path(out)
+    if out_p.is_dir() and not any(out_p.iterdir()):
+        overwrite = True  # an empty directory holds nothing to lose
+    if out_p.exists() and not overwrite:  # refused before any work
+        raise CheckpointError(f"output {out} already exists and is not empty; pass --overwrite to replace it")
+    config_file = storage.join(run_dir, CONFIG_FILE)
+    if not storage.exists(config_file):
+        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); run 'gmeta train --out {run_dir}' first")
+    cfg = load_config(config_file)
+    ckpt = pick_checkpoint(run_dir, which)
+    meta = json.loads(storage.read_text(storage.join(ckpt, META)))
+    schema = fmt.load_schema(cfg.data.path)
+    check_data(meta, schema, cfg.data.path, ckpt, "export")
+    log(f"exporting {ckpt} (step {meta['step']})")
+    model = FrozenModel(cfg, schema, ckpt)
+    signatures = make_signatures(model, cfg)
+    manifest = export_manifest(model, cfg, schema, signature_inputs(model), run_dir, ckpt, int(meta["step"]))
+    with atomic_dir(out_p, overwrite) as tmp:
+        tf.saved_model.save(model, str(tmp), signatures=signatures)
+        extra = tmp / EXTRA
+        extra.mkdir()
+        (extra / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        (extra / fmt.SCHEMA_FILE).write_text(json.dumps(schema, indent=1))
+        (extra / CONFIG_FILE).write_text(config_text(cfg))
+    return manifest

@@ -1,0 +1,60 @@
+"""``assets.extra/export.json``: what a client of the SavedModel needs to know, in one file.
+
+The signatures' inputs and outputs (names, dtypes, shapes, the feature each input carries and
+whether its ids are hashed strings), the policy for unknown ids, the adaptation the
+``adapt_and_predict`` signature runs, and where the model came from (run, checkpoint, data
+fingerprint). A server can read it instead of parsing the SavedModel's protobuf.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+from gmeta_tf.config.schema import Config
+from gmeta_tf.data import task_format as fmt
+from gmeta_tf.evaluation.evaluate import adaptation
+from gmeta_tf.export.frozen_model import FrozenModel
+from gmeta_tf.export.signatures import Input
+from gmeta_tf.meta.inner_loop import RIDGE_PRIOR
+
+FORMAT = 1
+OUTPUTS = {
+    "predict": {"score": "float32 [N]: probability of a click (click data) or the rating (rating data)"},
+    "adapt_and_predict": {"score": "float32 [Q]: the query samples' scores after adaptation",
+                          "score_no_adapt": "float32 [Q]: the same without adaptation (= predict)"},
+}
+
+
+def export_manifest(model: FrozenModel, cfg: Config, schema: dict, inputs: Dict[str, List[Input]],
+                    run_dir: str, checkpoint: str, step: int) -> dict:
+    steps, lr = adaptation(cfg, cfg.meta.algo)
+    hashed = {c["name"]: bool(c.get("hashed")) for c in schema["categorical"] + schema["multi_hot"]}
+    signatures = {}
+    for sig, ins in inputs.items():
+        described = []
+        for x in ins:
+            d = x.describe()
+            if x.feature in hashed:
+                d["hashed"] = hashed[x.feature]
+            described.append(d)
+        signatures[sig] = {"inputs": described, "outputs": OUTPUTS[sig]}
+    signatures["serving_default"] = {"same_as": "predict"}
+    return {
+        "format": FORMAT,
+        "label": {"kind": model.kind, "name": schema["label"]["name"]},
+        "signatures": signatures,
+        "ids": {
+            "dtype": "int64",
+            "hashed_strings": "blake2b(utf-8, digest_size=8) as little-endian int & 0x7FFFFFFFFFFFFFFF "
+                              "(gmeta_tf.data.task_format.hash_strings)",
+            "multi_hot_padding": fmt.PAD_ID,
+            "unknown": "an id the table does not hold scores with a zero embedding, as in gmeta eval; "
+                       "multi-hot features mean-pool their ids >= 0",
+        },
+        "adaptation": {"algo": cfg.meta.algo, "adapt": cfg.meta.adapt, "solver": cfg.meta.inner_solver,
+                       "steps": steps, "lr": lr, "embedding_lr": cfg.meta.embedding_inner_lr,
+                       "ridge_lambda": "learned per feature" if RIDGE_PRIOR in model.dense_variables
+                       else cfg.meta.ridge_lambda},
+        "tables": {t.name: {"rows": int(t.ids.shape[0]), "dim": t.dim} for t in model.tables},
+        "source": {"run": run_dir, "checkpoint": checkpoint, "step": step,
+                   "data": {"path": cfg.data.path, "fingerprint": fmt.schema_fingerprint(schema)}},
+    }

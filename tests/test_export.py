@@ -1,0 +1,240 @@
+"""``gmeta export``: a trained run → a SavedModel that stock TensorFlow loads and scores exactly
+as ``gmeta eval`` does, before and after adaptation.
+
+The parity tests train tiny runs (click data with the quickstart's SGD inner loop on the top
+MLP, click data adapting embeddings too, rating data with the MovieLens Newton head and its
+learned ridge λ), export them, and score the test split in a fresh process that imports only
+TensorFlow and numpy (``export_client.py``). That process also lists every op in the graph and
+checks that its stock TensorFlow registers it. ``saved_model_cli`` must show and run the model.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from gmeta_tf.cli.main import cli
+from gmeta_tf.config.loader import load_config
+from gmeta_tf.errors import CheckpointError, DataError
+
+TOL = 1e-5
+REPO = Path(__file__).resolve().parents[1]
+CLIENT = Path(__file__).with_name("export_client.py")
+VENV_BIN = Path(sys.executable).parent
+TIMEOUT = 300
+
+# name: (synthetic label kind, config overrides on top of configs/quickstart.yaml)
+RUNS = {
+    "click_top_sgd": ("click", []),
+    "click_embeddings": ("click", ["meta.adapt=dense+embedding", "meta.inner_steps=2"]),
+    # The MovieLens example's inner loop (examples/movielens/config.yaml), validated so a
+    # `best` checkpoint exists.
+    "rating_newton": ("rating", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
+                                 "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
+                                 "train.eval_every=5"]),
+}
+
+
+def _train(prepared_kinds, tmp_path_factory, name):
+    from gmeta_tf.train.trainer import train
+
+    kind, sets = RUNS[name]
+    cfg = load_config("configs/quickstart.yaml", [
+        f"data.path={prepared_kinds[kind]}", "data.tasks_per_batch=8", "train.steps=10",
+        "train.checkpoint_every=10", "train.log_every=5", *sets])
+    run = tmp_path_factory.mktemp(f"run-{name}") / "run"
+    train(cfg, run)
+    return run
+
+
+def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
+    """``gmeta eval``'s per-task scores of the test split, and the same tasks' samples as the
+    signatures' inputs (named as ``export.json`` says), written to ``out`` for the client."""
+    from gmeta_tf.evaluation.evaluate import query_scores
+    from gmeta_tf.metaio.reader import make_dataset
+    from gmeta_tf.train.trainer import load_trained
+
+    cfg, model, _ = load_trained(run)
+    scores = query_scores(model, cfg)
+    arrays, task_ids = {}, []
+    by_role = {"categorical": "cat", "multi_hot": "multi"}
+    inputs = manifest["signatures"]["adapt_and_predict"]["inputs"]
+    for batch in make_dataset(cfg.data.path, cfg.eval.split, cfg.data, training=False):
+        for t in np.flatnonzero(batch["task_mask"].numpy() > 0):
+            i = len(task_ids)
+            task_ids.append(batch["task_id"][t].numpy().decode())
+            for x in inputs:
+                which = "support" if x["name"].startswith("support_") else "query"
+                keep = batch[which]["mask"].numpy()[t] > 0
+                part = batch[which]
+                value = part[by_role[x["role"]]][x["feature"]] if x["role"] in by_role else part[x["role"]]
+                arrays[f"{i}/{x['name']}"] = value.numpy()[t][keep]
+    assert task_ids == scores["task_ids"]  # the same tasks, in the same order
+    np.savez(out, tasks=len(task_ids), **arrays)
+    return scores
+
+
+def _client(export_dir: Path, inputs: Path, out: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([str(VENV_BIN / "python"), str(CLIENT), str(export_dir), str(inputs), str(out)],
+                   check=True, timeout=TIMEOUT, env=env, cwd=str(out.parent))
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def exported(request, prepared_kinds, tmp_path_factory):
+    """(run dir, export dir, manifest, gmeta eval's scores, the fresh client's result)."""
+    from gmeta_tf.export.export_run import export_run
+
+    run = _train(prepared_kinds, tmp_path_factory, request.param)
+    out = run.parent / "export"
+    manifest = export_run(str(run), str(out))
+    scores = _test_split_inputs(run, manifest, run.parent / "inputs.npz")
+    client = _client(out, run.parent / "inputs.npz", run.parent / "client.json")
+    return run, out, manifest, scores, client
+
+
+def _max_diff(a, b) -> float:
+    assert [len(x) for x in a] == [len(x) for x in b]
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(a, b))
+
+
+@pytest.mark.integration  # trains three tiny runs and starts a TensorFlow process per run
+def test_scores_equal_gmeta_eval_before_and_after_adaptation(exported):
+    _, _, manifest, scores, client = exported
+    assert client["modules"] == []  # never imported gmeta_tf nor TFRA
+    assert len(scores["after"]) > 20
+    assert _max_diff(client["predict"], scores["before"]) <= TOL
+    assert _max_diff(client["adapt_no_adapt"], scores["before"]) <= TOL
+    assert _max_diff(client["adapt"], scores["after"]) <= TOL
+    assert _max_diff(client["adapt_concurrent"], client["adapt"]) <= 1e-6  # concurrent requests do not interfere
+    assert client["predict_after"] == client["predict"][0]  # adapting never writes the weights
+    # Adaptation changes the scores (else "after" parity would prove nothing).
+    assert _max_diff(scores["after"], scores["before"]) > 1e-3
+    if manifest["label"]["kind"] == "rating":  # scores are on the rating scale, not standardised
+        assert 1.0 < np.mean(np.concatenate(client["predict"])) < 5.0
+
+
+@pytest.mark.integration
+def test_only_stock_tensorflow_ops(exported):
+    _, _, _, _, client = exported
+    assert client["unregistered"] == []
+    assert not [op for op in client["ops"] if "TFRA" in op or ">" in op]
+    assert {"HashTableV2", "LookupTableFindV2", "LookupTableImportV2"} <= set(client["ops"])
+
+
+@pytest.mark.integration
+def test_manifest_and_layout(exported):
+    run, out, manifest, _, client = exported
+    assert sorted(p.name for p in out.iterdir()) == ["assets", "assets.extra", "fingerprint.pb",
+                                                     "saved_model.pb", "variables"]
+    extra = out / "assets.extra"
+    assert json.loads((extra / "export.json").read_text()) == manifest
+    assert json.loads((extra / "schema.json").read_text())["label"]["kind"] == manifest["label"]["kind"]
+    assert load_config(extra / "config.yaml").meta.adapt == manifest["adaptation"]["adapt"]
+    schema = json.loads((extra / "schema.json").read_text())
+    tables = [c["name"] for c in schema["categorical"] + schema["multi_hot"]]
+    assert list(manifest["tables"]) == tables
+    for sig in ("predict", "adapt_and_predict"):
+        assert sorted(client["inputs"][sig]) == sorted(x["name"] for x in manifest["signatures"][sig]["inputs"])
+    device = next(x for x in manifest["signatures"]["predict"]["inputs"] if x["feature"] == "device")
+    assert device["hashed"] is True and device["dtype"] == "int64" and device["shape"] == [-1]
+    assert manifest["source"]["step"] in (5, 10)  # best (validated runs) or latest
+    if manifest["adaptation"]["solver"] == "newton":
+        assert manifest["adaptation"]["ridge_lambda"] == "learned per feature"
+
+
+def _cli(*args, timeout=TIMEOUT):
+    return subprocess.run([str(VENV_BIN / "saved_model_cli"), *args], capture_output=True, text=True,
+                          timeout=timeout, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+
+
+@pytest.mark.integration
+def test_saved_model_cli_shows_and_runs_it(exported, tmp_path):
+    run, out, manifest, _, client = exported
+    if manifest["label"]["kind"] != "click" or manifest["adaptation"]["adapt"] != "top":
+        pytest.skip("one run is enough for saved_model_cli")
+    shown = _cli("show", "--dir", str(out), "--all")
+    assert shown.returncode == 0, shown.stderr
+    for sig in ("predict", "adapt_and_predict", "serving_default"):
+        assert f"signature_def['{sig}']" in shown.stdout
+    data = np.load(run.parent / "inputs.npz")
+    files = []  # the first test user's query samples, one .npy per input
+    for x in manifest["signatures"]["predict"]["inputs"]:
+        np.save(tmp_path / f"{x['name']}.npy", data[f"0/query_{x['name']}"])
+        files.append(f"{x['name']}={tmp_path / (x['name'] + '.npy')}")
+    ran = _cli("run", "--dir", str(out), "--tag_set", "serve", "--signature_def", "predict",
+               "--inputs", ";".join(files), "--outdir", str(tmp_path / "o"))
+    assert ran.returncode == 0, ran.stderr
+    got = np.load(tmp_path / "o" / "score.npy")
+    np.testing.assert_allclose(got, client["predict"][0], rtol=0, atol=TOL)
+
+
+# ---------------------------------------------------------------------------- errors
+
+def test_run_without_checkpoints_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("data: {path: /nowhere}\n")
+    got = CliRunner().invoke(cli, ["export", "--run", str(run), "--out", str(tmp_path / "x")])
+    assert got.exit_code == 2
+    assert got.output.count("\n") == 1 and str(run / "checkpoints") in got.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_not_a_run_dir_is_one_line(tmp_path):
+    got = CliRunner().invoke(cli, ["export", "--run", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert got.exit_code == 2 and "not a run directory" in got.output and str(tmp_path) in got.output
+
+
+@pytest.mark.integration
+def test_damaged_checkpoint_names_the_file(exported, tmp_path):
+    import shutil
+
+    from gmeta_tf.export.export_run import export_run
+
+    run, _, manifest, _, _ = exported
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    ckpt = Path(manifest["source"]["checkpoint"]).name
+    table = copy / "checkpoints" / ckpt / "tables" / "item_id.npz"
+    raw = bytearray(table.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    table.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"tables/item_id\.npz does not match its checksum"):
+        export_run(str(copy), str(tmp_path / "x"), which=ckpt[5:].lstrip("0"))
+    assert not (tmp_path / "x").exists()
+    got = CliRunner().invoke(cli, ["export", "--run", str(copy), "--out", str(tmp_path / "x"),
+                                   "--checkpoint", ckpt[5:].lstrip("0")])
+    assert got.exit_code == 2 and "item_id.npz" in got.output and got.output.count("\n") == 1
+
+
+@pytest.mark.integration
+def test_existing_output_is_refused_and_a_failed_export_leaves_nothing(exported, tmp_path, monkeypatch):
+    from gmeta_tf.export import export_run as module
+
+    run, _, _, _, _ = exported
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="already exists and is not empty"):
+        module.export_run(str(run), str(full))
+    assert (full / "keep.txt").read_text() == "mine"
+
+    def disk_full(obj, path, signatures=None):  # the save dies half-way through its writes
+        Path(path, "saved_model.pb").write_bytes(b"partial")
+        raise OSError(28, "No space left on device", str(Path(path, "variables")))
+
+    monkeypatch.setattr(module.tf.saved_model, "save", disk_full)
+    with pytest.raises(DataError, match="nothing was written"):
+        module.export_run(str(run), str(tmp_path / "new"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no output, no temp dir
+    with pytest.raises(DataError):
+        module.export_run(str(run), str(full), overwrite=True)
+    assert (full / "keep.txt").read_text() == "mine"  # --overwrite replaces only a complete export

@@ -1,0 +1,67 @@
+"""Units of ``gmeta_tf.export``: reading table files, and the stock-TF static table."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gmeta_tf.errors import CheckpointError
+from gmeta_tf.export.checkpoint_reader import read_table
+from gmeta_tf.export.static_table import StaticTable
+
+
+def _write(path, keys, values):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, keys=np.asarray(keys, np.int64), values=np.asarray(values, np.float32))
+
+
+def test_read_table_whole_and_joined_from_column_blocks(tmp_path):
+    rng = np.random.default_rng(0)
+    keys = np.array([5, 1, 9, 4], np.int64)
+    rows = rng.normal(size=(4, 6)).astype(np.float32)
+    _write(tmp_path / "whole" / "tables" / "item.npz", keys, rows)
+    got_keys, got_rows = read_table(str(tmp_path / "whole"), "item")
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(got_rows, rows)
+
+    # The planner's column split: two blocks of dim 3, each exported in its own key order,
+    # next to their optimizer slots (which the export never reads).
+    split = tmp_path / "split" / "tables"
+    for i, order in enumerate([[2, 0, 3, 1], [1, 3, 0, 2]]):
+        _write(split / f"item.c{i}of2.npz", keys[order], rows[order][:, 3 * i:3 * i + 3])
+        _write(split / f"item.c{i}of2.m.npz", keys[order], np.full((4, 3), 7.0))
+    got_keys, got_rows = read_table(str(tmp_path / "split"), "item")
+    by_key = dict(zip(got_keys.tolist(), got_rows))
+    for k, r in zip(keys.tolist(), rows):
+        np.testing.assert_array_equal(by_key[k], r)
+    assert got_rows.shape == (4, 6)
+
+
+def test_missing_table_names_the_file(tmp_path):
+    _write(tmp_path / "tables" / "item.m.npz", [1], [[0.0]])  # a slot alone is no table
+    with pytest.raises(CheckpointError, match=r"no table file tables/item\.npz"):
+        read_table(str(tmp_path), "item")
+
+
+def test_static_table_rows_zero_for_unknown_and_pad_ids_and_ids_stay_out_of_the_graph(tmp_path):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1 << 40, 1 << 50, size=500).astype(np.int64)
+    rows = rng.normal(size=(500, 4)).astype(np.float32)
+    table = StaticTable("item", ids, rows)
+    query = tf.constant([[ids[3], -1], [12345, ids[3]], [ids[499], ids[0]]], tf.int64)
+    expected = np.stack([rows[3], np.zeros(4), np.zeros(4), rows[3], rows[499], rows[0]])
+
+    def looked(t):
+        got = t.lookup_unique([query])
+        return tf.gather(got.rows, got.index).numpy()
+
+    np.testing.assert_array_equal(looked(table), expected)
+
+    module = tf.Module()
+    module.table = table
+    module.lookup = tf.function(lambda x: table.index.lookup(x), input_signature=[tf.TensorSpec([None], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    graph = (tmp_path / "sm" / "saved_model.pb").read_bytes()
+    assert ids[:4].tobytes() not in graph and ids[-4:].tobytes() not in graph  # in variables/, not the graph
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    np.testing.assert_array_equal(loaded.lookup(tf.constant([ids[7], 5, -1], tf.int64)).numpy(), [7, 500, 500])
