@@ -238,3 +238,39 @@ def test_existing_output_is_refused_and_a_failed_export_leaves_nothing(exported,
     with pytest.raises(DataError):
         module.export_run(str(run), str(full), overwrite=True)
     assert (full / "keep.txt").read_text() == "mine"  # --overwrite replaces only a complete export
+
+
+@pytest.mark.integration
+def test_gmeta_serve_answers_the_export_with_gmeta_evals_scores(exported, tmp_path):
+    """Train → export → serve: the real export behind a real `gmeta serve`, over HTTP (v1 columnar
+    and v2), gives `gmeta eval`'s scores for the first test users, before and after adaptation."""
+    from tests.serve_fixture import request, server_process
+
+    run, out, manifest, scores, _ = exported
+    if manifest["label"]["kind"] != "rating":
+        pytest.skip("one run is enough for the end-to-end cycle")
+    data = np.load(run.parent / "inputs.npz")
+    names = [x["name"] for x in manifest["signatures"]["adapt_and_predict"]["inputs"]]
+    with server_process(out, tmp_path / "serve.log", name="ml") as (port, _):
+        for t in range(3):
+            adapt_inputs = {n: data[f"{t}/{n}"].tolist() for n in names}
+            query = {n[len("query_"):]: v for n, v in adapt_inputs.items() if n.startswith("query_")}
+            status, body = request(port, "POST", "/v1/models/ml:predict",
+                                   {"signature_name": "predict", "inputs": query})
+            assert status == 200, body
+            assert _max_diff([body["outputs"]], [scores["before"][t]]) <= TOL
+            status, body = request(port, "POST", "/v1/models/ml:predict",
+                                   {"signature_name": "adapt_and_predict", "inputs": adapt_inputs})
+            assert status == 200, body
+            assert _max_diff([body["outputs"]["score"]], [scores["after"][t]]) <= TOL
+            v2 = {"inputs": [{"name": n, "shape": list(np.shape(v)), "datatype": "INT64", "data": np.ravel(v).tolist()}
+                             for n, v in query.items()], "parameters": {"signature_name": "predict"}}
+            for x in v2["inputs"]:
+                if np.asarray(query[x["name"]]).dtype.kind == "f":
+                    x["datatype"] = "FP32"
+            status, body = request(port, "POST", "/v2/models/ml/infer", v2)
+            assert status == 200, body
+            assert _max_diff([body["outputs"][0]["data"]], [scores["before"][t]]) <= TOL
+        status, body = request(port, "POST", "/v1/models/ml:predict",
+                               {"signature_name": "adapt_and_predict", "inputs": {"query_movie": [1]}})
+        assert status == 400 and any(n in json.dumps(body) for n in names if n != "query_movie"), body
