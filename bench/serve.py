@@ -1,7 +1,8 @@
 """``make bench`` section ``serve``: latency and throughput of a real `gmeta serve` over HTTP.
 
-For each signature (``predict``: 8 candidate rows per request; ``adapt_and_predict``: 16 support
-samples + 8 queries) and 1 and 16 concurrent clients, each client sends the same v1 columnar
+The model is a real export of the quickstart model (``model_under_bench``). For each signature
+(``predict``: 8 candidate rows of one test user per request; ``adapt_and_predict``: 16 of its
+support samples with labels + those 8 queries) and 1 and 16 concurrent clients, each client sends the same v1 columnar
 request back to back on its own keep-alive connection for ``seconds``, after a short warm-up.
 A second server with micro-batching on runs alongside; ``predict`` points alternate between the
 two in halves.
@@ -28,17 +29,46 @@ BATCHING = ["--max-batch-size", "64", "--max-latency-ms", "2"]
 
 
 def model_under_bench(work: Path) -> Path:
-    """The served model: today the stand-in of ``tests/serve_fixture.py`` (switch to an export here)."""
-    from tests.serve_fixture import build_model
+    """A real `gmeta export` of the quickstart model trained briefly on generated click data, and
+    the request bodies: the first test user with enough samples (``SUPPORT`` support samples with
+    labels, ``ROWS`` query rows), written next to it as ``requests.json``."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+    from gmeta_tf.export.export_run import export_run
+    from gmeta_tf.metaio.reader import make_dataset
+    from gmeta_tf.train.trainer import train
 
-    return build_model(work / "serve-model")
+    raw, prepared, run, out = (work / "serve-data" / "raw", work / "serve-data" / "prepared",
+                               work / "serve-run", work / "serve-model")
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={prepared}", "train.steps=30",
+                                                  "train.checkpoint_every=30", "train.log_every=30"])
+    synth(str(raw), tasks=2000, seed=0, kind="click", overwrite=True)
+    prepare([str(raw)], str(prepared), cfg.prepare, overwrite=True)
+    train(cfg, run, resume=False)
+    manifest = export_run(str(run), str(out), overwrite=True)
+    inputs = manifest["signatures"]["adapt_and_predict"]["inputs"]
+    by_role = {"categorical": "cat", "multi_hot": "multi"}
+    for batch in make_dataset(str(prepared), "test", cfg.data, training=False):
+        for t in range(int(batch["task_mask"].shape[0])):
+            sup, qry = (int(batch[w]["mask"].numpy()[t].sum()) for w in ("support", "query"))
+            if sup < SUPPORT or qry < ROWS:
+                continue
+            adapt = {}
+            for x in inputs:
+                which = "support" if x["name"].startswith("support_") else "query"
+                part = batch[which]
+                value = part[by_role[x["role"]]][x["feature"]] if x["role"] in by_role else part[x["role"]]
+                adapt[x["name"]] = value.numpy()[t][: SUPPORT if which == "support" else ROWS].tolist()
+            predict = {k[len("query_"):]: v for k, v in adapt.items() if k.startswith("query_")}
+            (work / "requests.json").write_text(json.dumps({"predict": predict, "adapt_and_predict": adapt}))
+            return out
+    raise RuntimeError("serve bench: no test user with enough samples")
 
 
-def _body(signature: str) -> bytes:
-    from tests.serve_fixture import example_inputs
-
-    x = example_inputs(signature, batch=ROWS, support=SUPPORT, seed=0)
-    return json.dumps({"signature_name": signature, "inputs": {k: v.tolist() for k, v in x.items()}}).encode()
+def _body(work: Path, signature: str) -> bytes:
+    inputs = json.loads((work / "requests.json").read_text())[signature]
+    return json.dumps({"signature_name": signature, "inputs": inputs}).encode()
 
 
 def _client(port: int, body: bytes, stop_at: float, warmup: int, out: List[float], errors: List[str]) -> None:
@@ -64,9 +94,8 @@ def _client(port: int, body: bytes, stop_at: float, warmup: int, out: List[float
         conn.close()
 
 
-def _drive(port: int, signature: str, clients: int, seconds: float, warmup: int = 5):
+def _drive(port: int, body: bytes, clients: int, seconds: float, warmup: int = 5):
     """Latencies (s) of every measured request and the wall time they took."""
-    body = _body(signature)
     per_client: List[List[float]] = [[] for _ in range(clients)]
     errors: List[str] = []
     t0 = time.perf_counter()
@@ -78,7 +107,7 @@ def _drive(port: int, signature: str, clients: int, seconds: float, warmup: int 
     for t in threads:
         t.join()
     if errors:
-        raise RuntimeError(f"serve bench {signature} c{clients}: {errors[0]}")
+        raise RuntimeError(f"serve bench c{clients}: {errors[0]}")
     return np.concatenate([np.asarray(c) for c in per_client]), time.perf_counter() - t0
 
 
@@ -96,17 +125,18 @@ def measure(work: Path, seconds: float = 3.0) -> Dict:
 
     work.mkdir(parents=True, exist_ok=True)
     model = model_under_bench(work)
+    predict, adapt = _body(work, "predict"), _body(work, "adapt_and_predict")
     results: Dict = {"rows_per_request": ROWS, "support_per_request": SUPPORT, "seconds_per_point": seconds}
     with server_process(model, work / "serve.log", name=NAME, extra=["--no-access-log"]) as (plain, _), \
             server_process(model, work / "serve-batched.log", name=NAME,
                            extra=["--no-access-log", *BATCHING]) as (batched, _):
         results["predict"], results["predict_batched"] = {}, {}
         for c in (1, 16):
-            halves = [(_drive(plain, "predict", c, seconds / 2), _drive(batched, "predict", c, seconds / 2))
+            halves = [(_drive(plain, predict, c, seconds / 2), _drive(batched, predict, c, seconds / 2))
                       for _ in range(2)]
             results["predict"][f"c{c}"] = _summary([h[0] for h in halves])
             results["predict_batched"][f"c{c}"] = _summary([h[1] for h in halves])
-        results["adapt_and_predict"] = {f"c{c}": _summary([_drive(plain, "adapt_and_predict", c, seconds)])
+        results["adapt_and_predict"] = {f"c{c}": _summary([_drive(plain, adapt, c, seconds)])
                                         for c in (1, 16)}
     results["batched_over_unbatched_rps_c16"] = (results["predict_batched"]["c16"]["rps"]
                                                  / results["predict"]["c16"]["rps"])
