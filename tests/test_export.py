@@ -60,8 +60,11 @@ def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
     from gmeta_tf.metaio.reader import make_dataset
     from gmeta_tf.train.trainer import load_trained
 
+    from gmeta_tf.metaio.decode import layout_from_schema
+
     cfg, model, _ = load_trained(run)
     scores = query_scores(model, cfg)
+    layout = layout_from_schema(model.schema, 1, 1, 1)
     arrays, task_ids = {}, []
     by_role = {"categorical": "cat", "multi_hot": "multi"}
     inputs = manifest["signatures"]["adapt_and_predict"]["inputs"]
@@ -74,7 +77,10 @@ def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
                 keep = batch[which]["mask"].numpy()[t] > 0
                 part = batch[which]
                 value = part[by_role[x["role"]]][x["feature"]] if x["role"] in by_role else part[x["role"]]
-                arrays[f"{i}/{x['name']}"] = value.numpy()[t][keep]
+                value = value.numpy()[t][keep]
+                if x["role"] == "dense":  # clients send raw features; Meta-IO's batches are standardised
+                    value = value / layout.dense_inv_std + layout.dense_mean
+                arrays[f"{i}/{x['name']}"] = value
     assert task_ids == scores["task_ids"]  # the same tasks, in the same order
     np.savez(out, tasks=len(task_ids), **arrays)
     return scores

@@ -16,6 +16,7 @@ from gmeta_tf.errors import CheckpointError
 from gmeta_tf.export.checkpoint_reader import read_dense, read_table
 from gmeta_tf.export.static_table import StaticTable
 from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, add_ridge_prior
+from gmeta_tf.metaio.decode import layout_from_schema
 from gmeta_tf.model.adaptable import TowerModel, label_scaling
 from gmeta_tf.model.dense_tower import DenseTower
 
@@ -27,6 +28,11 @@ class FrozenModel(tf.Module, TowerModel):
         self.cat_names = [c["name"] for c in schema["categorical"]]
         self.multi_names = [c["name"] for c in schema["multi_hot"]]
         self.n_dense = len(schema["dense"])
+        # Clients send dense features as the input data has them; Meta-IO standardised them with
+        # the train split's statistics before the model saw them, so the graph does the same.
+        layout = layout_from_schema(schema, 1, 1, 1)
+        self.dense_mean = tf.constant(layout.dense_mean)
+        self.dense_inv_std = tf.constant(layout.dense_inv_std)
         self.label_mean, self.label_std = label_scaling(schema)
         self.tables: List[StaticTable] = []
         for name in self.cat_names + self.multi_names:
@@ -39,6 +45,10 @@ class FrozenModel(tf.Module, TowerModel):
         self._load_dense(ckpt_dir)
         # Tracked, so saved (DenseTower is no tf.Module); after the load, which may add λ.
         self.weights = dict(self.tower.variables)
+
+    def standardize(self, dense: tf.Tensor) -> tf.Tensor:
+        """Raw dense features ``[..., n_dense]`` → what the tower was trained on (Meta-IO's rule)."""
+        return (dense - self.dense_mean) * self.dense_inv_std
 
     def _load_dense(self, ckpt_dir: str) -> None:
         got = read_dense(ckpt_dir, [*self.tower.variables, RIDGE_PRIOR])

@@ -13,7 +13,8 @@ time (a task axis of 1), so a served score is ``gmeta eval``'s score:
 
 Inputs are per feature, named after it (``sanitize``): int64 ids as ``gmeta data prepare``
 wrote them (hashed string ids included; multi-hot lists padded with -1), float32 dense
-features ``[N, n_dense]`` in ``schema.json`` order.
+features ``[N, n_dense]`` in ``schema.json`` order, as the input data has them (the graph
+standardises them with the train split's statistics, as Meta-IO does).
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def _samples(model: FrozenModel, inputs: List[Input], feed: Dict[str, tf.Tensor]
     with tf.control_dependencies(checks):
         n = tf.identity(n)
     by_feature = {x.feature: feed[x.name] for x in inputs}
-    dense = by_feature[DENSE][None] if model.n_dense else tf.zeros([1, n, 0], tf.float32)
+    dense = model.standardize(by_feature[DENSE])[None] if model.n_dense else tf.zeros([1, n, 0], tf.float32)
     return {
         "cat": {c: by_feature[c][None] for c in model.cat_names},
         "multi": {m: by_feature[m][None] for m in model.multi_names},
