@@ -1,0 +1,181 @@
+"""``make profile``: where the one-process meta step spends its time, from a TensorFlow profiler trace.
+
+    python -m bench.profile_step [--steps N] [--set meta.inner_steps=3 ...] [--jit both|true|false]
+
+Builds the quickstart model on the bench's synthetic data (``bench/out``, made on first use),
+traces ``--steps`` steps with ``tf.profiler.experimental`` and reads the trace's XPlane
+(``*.xplane.pb``) directly: every op kernel execution is an event named ``<node>:<OpType>``,
+so each is put in one bucket by its op type and name scope. ``--jit both`` (the default)
+profiles the step with the dense math uncompiled and compiled, one after the other in this
+process, so their shares can be compared side by side (absolute times on this box are noise).
+
+Buckets (op time is summed over the executor's threads, so it can exceed wall time):
+* ``tfra_lookup``: ``tf.unique`` and the shadow lookup (hash-table find, the random initial
+  rows TFRA draws for every looked-up id);
+* ``tfra_apply``: hash-table finds / inserts inside the optimizer (tables and their slots);
+* ``optimizer_math``: the rest of the optimizers (row and dense Adam arithmetic, counters);
+* ``inner_loop``: the inner loop's forward and its (inner) gradient, ``dense_outer``: the query
+  loss forward and the outer backward (through the inner loop); ``xla_dense``: both, when
+  compiled (one XLA program, not split further);
+* ``host_copies``: sends / receives / copies between devices and to the host;
+* ``other``: everything else (gathers around the lookups, reshapes, constants).
+``dispatch`` is the Python call's wall time not spent running the function's graph
+(``tf.function`` argument handling, eager dispatch); ``executor_overhead`` is the executor's
+own time around the kernels (``ExecutorState::Process`` minus the kernels it ran).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+BUCKETS = ["tfra_lookup", "tfra_apply", "optimizer_math", "inner_loop", "dense_outer", "xla_dense",
+           "host_copies", "other"]
+_COPY_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "Identity", "IdentityN", "_Retval", "_Arg",
+             "MemcpyH2D", "MemcpyD2H", "_CopyFromGpuToHost", "_CopyFromHostToGpu"}
+_XLA_OPS = {"XlaLaunch", "_XlaRun", "_XlaCompile", "XlaLaunchV2"}
+_LOOKUP_OPS = {"Unique", "UniqueV2"}
+_OPTIMIZER_SCOPES = ("Adam", "Adagrad", "SGD")
+
+
+def bucket(node: str, op_type: str) -> str:
+    """One bucket for one kernel event, from its op type and its node's name scopes."""
+    scopes = node.split("/")
+    top = scopes[0].rstrip("_0123456789")
+    if op_type in _XLA_OPS or "_xla" in node or "cluster_" in node:
+        return "xla_dense"
+    if op_type in _COPY_OPS:
+        return "host_copies"
+    if top in _OPTIMIZER_SCOPES:
+        return "tfra_apply" if op_type.startswith("TFRA>") else "optimizer_math"
+    if top == "shadow_embedding_lookup" or op_type in _LOOKUP_OPS or op_type.startswith("TFRA>"):
+        return "tfra_lookup"
+    if "inner_loop" in scopes and scopes[0] != "gradient_tape":
+        return "inner_loop"
+    if any(s.startswith("gradient_tape") for s in scopes) or op_type in _DENSE_MATH:
+        return "dense_outer"
+    return "other"
+
+
+# Forward math of the tower and the losses (the outer forward outside the inner loop's scope).
+_DENSE_MATH = {"BatchMatMulV2", "MatMul", "Einsum", "Relu", "Sigmoid", "AddN", "Tile", "Pack", "Unpack",
+               "Mul", "Sub", "AddV2", "RealDiv", "Neg", "Square", "Sum", "Select", "SelectV2", "Exp", "Log1p",
+               "MatrixSolve", "Softplus", "Maximum", "StridedSlice", "StridedSliceGrad", "ConcatV2"}
+
+
+def breakdown(xplane_file: str, steps: int, step_name: str) -> Dict[str, float]:
+    """ms per step for each bucket, plus wall, dispatch and executor overhead, from one trace."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(Path(xplane_file).read_bytes())
+    ms = collections.Counter()
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        meta = plane.event_metadata
+        for line in plane.lines:
+            for ev in line.events:
+                name = meta[ev.metadata_id].name
+                dur = ev.duration_ps / 1e9
+                if name.startswith(step_name):
+                    ms["wall"] += dur
+                elif name == "KernelAndDeviceFunc::Run":
+                    ms["graph_run"] += dur
+                elif name == "ExecutorState::Process":
+                    ms["executor"] += dur
+                elif name == "ExecutorState::ProcessAsync::Start" and _stat(plane, ev, "name") == "PartitionedCall":
+                    ms["xla_dense"] += dur  # the compiled function: an async call, not a named kernel event
+                    ms["kernels"] += dur
+                elif ":" in name and "::" not in name and " " not in name:
+                    node, op_type = name.rsplit(":", 1)
+                    ms[bucket(node, op_type)] += dur
+                    ms["kernels"] += dur
+    out = {k: ms[k] / steps for k in BUCKETS}
+    out["wall"] = ms["wall"] / steps
+    out["dispatch"] = max(0.0, ms["wall"] - ms["graph_run"]) / steps
+    out["executor_overhead"] = max(0.0, ms["executor"] - ms["kernels"]) / steps
+    out["kernels"] = ms["kernels"] / steps
+    return out
+
+
+def _stat(plane, event, key: str):
+    for st in event.stats:
+        if plane.stat_metadata[st.metadata_id].name == key:
+            return st.str_value or plane.stat_metadata.get(st.ref_value, None) and plane.stat_metadata[st.ref_value].name
+    return None
+
+
+def profile(cfg, batches, steps: int, log_dir: str) -> Dict[str, float]:
+    """Build the model and step for ``cfg``, warm up (compile), trace ``steps`` steps."""
+    import tensorflow as tf
+
+    from gmeta_tf.meta.meta_step import TrainStep
+    from gmeta_tf.meta.optimizers import make_optimizers
+    from gmeta_tf.metaio.reader import load_schema
+    from gmeta_tf.model.dlrm import DLRM
+    from gmeta_tf.train.dense_sync import LocalSync
+
+    model = DLRM(cfg.model, load_schema(cfg.data.path))
+    d, e = make_optimizers(cfg.train)
+    step = TrainStep(model, cfg.meta, d, e, LocalSync())
+    for b in batches:
+        step.step(b)
+    tf.profiler.experimental.start(log_dir)
+    for i in range(steps):
+        out = step.step(batches[i % len(batches)])
+    out["loss"].numpy()
+    tf.profiler.experimental.stop()
+    trace = sorted(glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb"))[-1]
+    return breakdown(trace, steps, "gmeta_train_step")  # TrainStep's tf.function name
+
+
+def table(rows: Dict[str, Dict[str, float]]) -> str:
+    """Markdown: per bucket, ms/step and share of kernel time, one column pair per profiled variant."""
+    names = list(rows)
+    head = "| bucket | " + " | ".join(f"{n} ms/step | {n} share" for n in names) + " |"
+    lines = [head, "|---|" + "---:|---:|" * len(names)]
+    for key in BUCKETS + ["kernels", "executor_overhead", "dispatch", "wall"]:
+        cells = []
+        for n in names:
+            r = rows[n]
+            share = f"{r[key] / r['kernels']:.0%}" if key in BUCKETS else ""
+            cells += [f"{r[key]:.2f}", share]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: List[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--jit", choices=["both", "true", "false"], default="both")
+    ap.add_argument("--set", action="append", default=[], help="config override, e.g. meta.inner_steps=3")
+    ap.add_argument("--json", help="also write the numbers here")
+    args = ap.parse_args(argv)
+
+    import gmeta_tf  # noqa: F401
+    from bench.run import _prepared_data
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.metaio.reader import make_dataset
+
+    data, _ = _prepared_data()
+    rows = {}
+    for jit in (["false", "true"] if args.jit == "both" else [args.jit]):
+        cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", *args.set, f"meta.jit_compile={jit}"])
+        batches = list(make_dataset(data, "train", cfg.data, training=True).take(8))
+        with tempfile.TemporaryDirectory() as log_dir:
+            rows[f"jit={jit}"] = profile(cfg, batches, args.steps, log_dir)
+    print(f"one-process meta step, quickstart shapes {' '.join(args.set)}; {args.steps} traced steps\n")
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
