@@ -1,6 +1,7 @@
 """``make profile``: where the one-process meta step spends its time, from a TensorFlow profiler trace.
 
     python -m bench.profile_step [--steps N] [--set meta.inner_steps=3 ...] [--jit both|true|false]
+    python -m bench.profile_step --distributed   # rank 0 of 2 workers + 2 PS, T=16 per worker
 
 Builds the quickstart model on the bench's synthetic data (``bench/out``, made on first use),
 traces ``--steps`` steps with ``tf.profiler.experimental`` and reads the trace's XPlane
@@ -17,7 +18,9 @@ Buckets (op time is summed over the executor's threads, so it can exceed wall ti
 * ``inner_loop``: the inner loop's forward and its (inner) gradient, ``dense_outer``: the query
   loss forward and the outer backward (through the inner loop); ``xla_dense``: both, when
   compiled (one XLA program, not split further);
-* ``host_copies``: sends / receives / copies between devices and to the host;
+* ``host_copies``: sends / receives / copies between devices and to the host; in a distributed
+  worker the receives are the waits for the PS partitions (lookups, applies) to answer;
+* ``allreduce``: Horovod's all-reduce of the dense gradients;
 * ``other``: everything else (gathers around the lookups, reshapes, constants).
 ``dispatch`` is the Python call's wall time not spent running the function's graph
 (``tf.function`` argument handling, eager dispatch); ``executor_overhead`` is the executor's
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import Dict, List
 
 BUCKETS = ["tfra_lookup", "tfra_apply", "optimizer_math", "inner_loop", "dense_outer", "xla_dense",
-           "host_copies", "other"]
+           "host_copies", "allreduce", "other"]
 _COPY_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "Identity", "IdentityN", "_Retval", "_Arg",
              "MemcpyH2D", "MemcpyD2H", "_CopyFromGpuToHost", "_CopyFromHostToGpu"}
 _XLA_OPS = {"XlaLaunch", "_XlaRun", "_XlaCompile", "XlaLaunchV2"}
@@ -51,6 +54,8 @@ def bucket(node: str, op_type: str) -> str:
         return "xla_dense"
     if op_type in _COPY_OPS:
         return "host_copies"
+    if op_type.startswith("Horovod"):
+        return "allreduce"
     if top in _OPTIMIZER_SCOPES:
         return "tfra_apply" if op_type.startswith("TFRA>") else "optimizer_math"
     if top == "shadow_embedding_lookup" or op_type in _LOOKUP_OPS or op_type.startswith("TFRA>"):
@@ -135,6 +140,59 @@ def profile(cfg, batches, steps: int, log_dir: str) -> Dict[str, float]:
     return breakdown(trace, steps, "gmeta_train_step")  # TrainStep's tf.function name
 
 
+def profile_distributed(data: str, steps: int, sets: List[str], jits: List[str]) -> Dict[str, Dict[str, float]]:
+    """Rank 0's profile in a 2-worker, 2-PS job (both ranks step; only rank 0 traces), one job per
+    ``meta.jit_compile`` value."""
+    from launch.local_cluster import LocalCluster
+
+    rows = {}
+    for jit in jits:
+        cluster = LocalCluster(log=lambda m: None)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "profile.json"
+            try:
+                cluster.start_ps(2)
+                code = cluster.run_workers(2, [sys.executable, "-m", "bench.profile_step", "worker", data, str(out),
+                                               ",".join(cluster.ps_addresses), str(steps), *sets,
+                                               f"meta.jit_compile={jit}"], timeout_s=900)
+            finally:
+                cluster.teardown()
+            if code != 0:
+                raise RuntimeError(f"profile workers failed ({code})")
+            rows[f"jit={jit}"] = json.loads(out.read_text())
+    return rows
+
+
+def _worker(data: str, out_file: str, ps: str, steps: int, sets: List[str]) -> None:
+    """One Horovod rank of ``profile_distributed``: the training step as ``gmeta train`` builds it."""
+    import tensorflow as tf
+
+    from gmeta_tf.cluster.worker import worker_runtime
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.metaio.reader import load_schema, make_dataset
+    from gmeta_tf.train.trainer import build_tables_once
+
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.tasks_per_batch=16",
+                                                  f"cluster.ps=[{ps}]", *sets])
+    rt = worker_runtime(cfg, log=lambda m: None)
+    _, _, _, step, _ = build_tables_once(cfg, load_schema(data), rt, Path(out_file).parent / "run")
+    batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(8))
+    for b in batches:
+        step.step(b)
+    rt.sync.barrier()
+    with tempfile.TemporaryDirectory() as log_dir:
+        if rt.rank == 0:
+            tf.profiler.experimental.start(log_dir)
+        for i in range(steps):
+            out = step.step(batches[i % len(batches)])
+        out["loss"].numpy()
+        if rt.rank == 0:
+            tf.profiler.experimental.stop()
+            trace = sorted(glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb"))[-1]
+            Path(out_file).write_text(json.dumps(breakdown(trace, steps, "gmeta_train_step")))
+    rt.sync.barrier()
+
+
 def table(rows: Dict[str, Dict[str, float]]) -> str:
     """Markdown: per bucket, ms/step and share of kernel time, one column pair per profiled variant."""
     names = list(rows)
@@ -151,7 +209,12 @@ def table(rows: Dict[str, Dict[str, float]]) -> str:
 
 
 def main(argv: List[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:  # a rank of --distributed: worker DATA OUT PS STEPS [SET ...]
+        _worker(argv[1], argv[2], argv[3], int(argv[4]), argv[5:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--distributed", action="store_true", help="rank 0 of 2 workers + 2 PS instead of one process")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--jit", choices=["both", "true", "false"], default="both")
     ap.add_argument("--set", action="append", default=[], help="config override, e.g. meta.inner_steps=3")
@@ -165,12 +228,16 @@ def main(argv: List[str] | None = None) -> int:
 
     data, _ = _prepared_data()
     rows = {}
-    for jit in (["false", "true"] if args.jit == "both" else [args.jit]):
+    jits = ["false", "true"] if args.jit == "both" else [args.jit]
+    if args.distributed:
+        rows = profile_distributed(data, args.steps, args.set, jits)
+    for jit in ([] if args.distributed else jits):
         cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", *args.set, f"meta.jit_compile={jit}"])
         batches = list(make_dataset(data, "train", cfg.data, training=True).take(8))
         with tempfile.TemporaryDirectory() as log_dir:
             rows[f"jit={jit}"] = profile(cfg, batches, args.steps, log_dir)
-    print(f"one-process meta step, quickstart shapes {' '.join(args.set)}; {args.steps} traced steps\n")
+    where = "rank 0 of 2 workers + 2 PS (T=16 each)" if args.distributed else "one-process"
+    print(f"{where} meta step, quickstart shapes {' '.join(args.set)}; {args.steps} traced steps\n")
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

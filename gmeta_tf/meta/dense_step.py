@@ -22,7 +22,7 @@ uncompiled step runs, so both paths evaluate the same expressions.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import List, Mapping, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -37,8 +37,10 @@ from gmeta_tf.model.sparse_features import FeatureRows, SparseState
 _SAMPLE_KEYS = ("dense", "label", "mask")
 
 # Where ``meta.jit_compile: auto`` compiles: the (algo, inner_solver) pairs where the compiled
-# step measured faster in ``make bench`` (docs/profile.md has the numbers).
-AUTO_JIT = {("maml", "sgd"), ("fomaml", "sgd"), ("erm", "sgd"), ("maml", "newton"), ("fomaml", "newton")}
+# step measured faster in ``make bench`` (docs/profile.md has the numbers). Not ERM (too little
+# dense math to repay the padded rows) nor Newton (XLA's CPU batched solve is slower than
+# TensorFlow's kernel).
+AUTO_JIT = {("maml", "sgd"), ("fomaml", "sgd")}
 
 
 def jit_enabled(meta: MetaConfig) -> bool:
@@ -104,7 +106,8 @@ class DenseStep:
         self.erm = meta.algo == "erm"
         self.names = list(model.dense_variables)
         self.multi = [False] * len(model.cat_names) + [True] * len(model.multi_names)  # lookup_batch's order
-        self._compiled = tf.function(self._loss_and_grads, jit_compile=True, reduce_retracing=True)
+        # No AutoGraph: the dense math has no tensor-dependent Python control flow to convert.
+        self._compiled = tf.function(self._loss_and_grads, jit_compile=True, reduce_retracing=True, autograph=False)
 
     def objective(self, params: Mapping[str, tf.Tensor], sparse: SparseState, batch: dict) -> tf.Tensor:
         if self.erm:
