@@ -91,9 +91,13 @@ def padded_rows(sparse: SparseState) -> List[tf.Tensor]:
     """Every feature's rows zero-padded to its static bound (one row per id position + the pad row)."""
     out = []
     for f in sparse.features:
-        bound = f.support_pos.shape.num_elements() + f.query_pos.shape.num_elements() + 1
+        s, q = f.support_pos.shape.num_elements(), f.query_pos.shape.num_elements()
+        if s is None or q is None:  # a retraced step with relaxed batch shapes: still correct, compiled per shape
+            bound = tf.size(f.support_pos) + tf.size(f.query_pos) + 1
+            out.append(tf.pad(f.rows, [[0, bound - tf.shape(f.rows)[0]], [0, 0]]))
+            continue
         r = f.rows
-        out.append(tf.ensure_shape(tf.pad(r, [[0, bound - tf.shape(r)[0]], [0, 0]]), [bound, r.shape[-1]]))
+        out.append(tf.ensure_shape(tf.pad(r, [[0, s + q + 1 - tf.shape(r)[0]], [0, 0]]), [s + q + 1, r.shape[-1]]))
     return out
 
 
