@@ -11,9 +11,11 @@ profiles the step with the dense math uncompiled and compiled, one after the oth
 process, so their shares can be compared side by side (absolute times on this box are noise).
 
 Buckets (op time is summed over the executor's threads, so it can exceed wall time):
-* ``tfra_lookup``: ``tf.unique`` and the shadow lookup (hash-table find, the random initial
-  rows TFRA draws for every looked-up id);
-* ``tfra_apply``: hash-table finds / inserts inside the optimizer (tables and their slots);
+* ``tfra_unique``: ``tf.unique`` of the batch's ids; ``tfra_find``: the shadow lookup's
+  hash-table finds (and its bookkeeping); ``tfra_init_rows``: the random initial rows TFRA's
+  lookup draws for *every* looked-up id (used only for ids not in the table yet);
+* ``tfra_apply_find`` / ``tfra_apply_insert``: the optimizer's hash-table finds and inserts
+  (each table and its slot tables);
 * ``optimizer_math``: the rest of the optimizers (row and dense Adam arithmetic, counters);
 * ``inner_loop``: the inner loop's forward and its (inner) gradient, ``dense_outer``: the query
   loss forward and the outer backward (through the inner loop); ``xla_dense``: both, when
@@ -32,12 +34,13 @@ import argparse
 import collections
 import glob
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-BUCKETS = ["tfra_lookup", "tfra_apply", "optimizer_math", "inner_loop", "dense_outer", "xla_dense",
+BUCKETS = ["tfra_unique", "tfra_find", "tfra_init_rows", "tfra_apply_find", "tfra_apply_insert", "optimizer_math", "inner_loop", "dense_outer", "xla_dense",
            "host_copies", "allreduce", "other"]
 _COPY_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "Identity", "IdentityN", "_Retval", "_Arg",
              "MemcpyH2D", "MemcpyD2H", "_CopyFromGpuToHost", "_CopyFromHostToGpu"}
@@ -57,9 +60,15 @@ def bucket(node: str, op_type: str) -> str:
     if op_type.startswith("Horovod"):
         return "allreduce"
     if top in _OPTIMIZER_SCOPES:
-        return "tfra_apply" if op_type.startswith("TFRA>") else "optimizer_math"
-    if top == "shadow_embedding_lookup" or op_type in _LOOKUP_OPS or op_type.startswith("TFRA>"):
-        return "tfra_lookup"
+        if op_type.startswith("TFRA>"):
+            return "tfra_apply_find" if "Find" in op_type else "tfra_apply_insert"
+        return "optimizer_math"
+    if op_type in _LOOKUP_OPS:
+        return "tfra_unique"
+    if top == "shadow_embedding_lookup" and "Random" in op_type:
+        return "tfra_init_rows"
+    if top == "shadow_embedding_lookup" or op_type.startswith("TFRA>"):
+        return "tfra_find"
     if "inner_loop" in scopes and scopes[0] != "gradient_tape":
         return "inner_loop"
     if any(s.startswith("gradient_tape") for s in scopes) or op_type in _DENSE_MATH:
@@ -116,28 +125,46 @@ def _stat(plane, event, key: str):
     return None
 
 
-def profile(cfg, batches, steps: int, log_dir: str) -> Dict[str, float]:
-    """Build the model and step for ``cfg``, warm up (compile), trace ``steps`` steps."""
-    import tensorflow as tf
-
+def build(cfg):
+    """The model and step for ``cfg``, warmed up (traced, compiled) on its 8 batches."""
     from gmeta_tf.meta.meta_step import TrainStep
     from gmeta_tf.meta.optimizers import make_optimizers
-    from gmeta_tf.metaio.reader import load_schema
+    from gmeta_tf.metaio.reader import load_schema, make_dataset
     from gmeta_tf.model.dlrm import DLRM
     from gmeta_tf.train.dense_sync import LocalSync
 
     model = DLRM(cfg.model, load_schema(cfg.data.path))
     d, e = make_optimizers(cfg.train)
     step = TrainStep(model, cfg.meta, d, e, LocalSync())
+    batches = list(make_dataset(cfg.data.path, "train", cfg.data, training=True).take(8))
     for b in batches:
         step.step(b)
-    tf.profiler.experimental.start(log_dir)
-    for i in range(steps):
-        out = step.step(batches[i % len(batches)])
-    out["loss"].numpy()
-    tf.profiler.experimental.stop()
-    trace = sorted(glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb"))[-1]
-    return breakdown(trace, steps, "gmeta_train_step")  # TrainStep's tf.function name
+    return step, batches
+
+
+def trace(step, batches, steps: int) -> Dict[str, float]:
+    """Trace ``steps`` steps and break the trace down."""
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory() as log_dir:
+        tf.profiler.experimental.start(log_dir)
+        for i in range(steps):
+            out = step.step(batches[i % len(batches)])
+        out["loss"].numpy()
+        tf.profiler.experimental.stop()
+        return breakdown(sorted(glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb"))[-1], steps,
+                         "gmeta_train_step")  # TrainStep's tf.function name
+
+
+def profile(cfgs: Dict[str, object], steps: int, rounds: int) -> Dict[str, Dict[str, float]]:
+    """Each config's breakdown, traced in interleaved rounds (median per bucket): the load on a
+    shared box drifts, and interleaving puts every variant under the same drift."""
+    built = {name: build(cfg) for name, cfg in cfgs.items()}
+    runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in cfgs}
+    for _ in range(rounds):
+        for name, (step, batches) in built.items():
+            runs[name].append(trace(step, batches, steps))
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
 
 
 def profile_distributed(data: str, steps: int, sets: List[str], jits: List[str]) -> Dict[str, Dict[str, float]]:
@@ -215,7 +242,8 @@ def main(argv: List[str] | None = None) -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--distributed", action="store_true", help="rank 0 of 2 workers + 2 PS instead of one process")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=10, help="steps per trace")
+    ap.add_argument("--rounds", type=int, default=5, help="traces per variant, interleaved (one process)")
     ap.add_argument("--jit", choices=["both", "true", "false"], default="both")
     ap.add_argument("--set", action="append", default=[], help="config override, e.g. meta.inner_steps=3")
     ap.add_argument("--json", help="also write the numbers here")
@@ -224,20 +252,19 @@ def main(argv: List[str] | None = None) -> int:
     import gmeta_tf  # noqa: F401
     from bench.run import _prepared_data
     from gmeta_tf.config.loader import load_config
-    from gmeta_tf.metaio.reader import make_dataset
 
     data, _ = _prepared_data()
     rows = {}
     jits = ["false", "true"] if args.jit == "both" else [args.jit]
     if args.distributed:
         rows = profile_distributed(data, args.steps, args.set, jits)
-    for jit in ([] if args.distributed else jits):
-        cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", *args.set, f"meta.jit_compile={jit}"])
-        batches = list(make_dataset(data, "train", cfg.data, training=True).take(8))
-        with tempfile.TemporaryDirectory() as log_dir:
-            rows[f"jit={jit}"] = profile(cfg, batches, args.steps, log_dir)
+    else:
+        rows = profile({f"jit={jit}": load_config("configs/quickstart.yaml",
+                                                  [f"data.path={data}", *args.set, f"meta.jit_compile={jit}"])
+                        for jit in jits}, args.steps, args.rounds)
     where = "rank 0 of 2 workers + 2 PS (T=16 each)" if args.distributed else "one-process"
-    print(f"{where} meta step, quickstart shapes {' '.join(args.set)}; {args.steps} traced steps\n")
+    traced = f"{args.steps} traced steps" + ("" if args.distributed else f" x {args.rounds} interleaved rounds (median)")
+    print(f"{where} meta step, quickstart shapes {' '.join(args.set)}; {traced}\n")
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
