@@ -37,10 +37,9 @@ from gmeta_tf.model.sparse_features import FeatureRows, SparseState
 _SAMPLE_KEYS = ("dense", "label", "mask")
 
 # Where ``meta.jit_compile: auto`` compiles: the (algo, inner_solver) pairs where the compiled
-# step measured faster in ``make bench`` (docs/profile.md has the numbers). Not ERM (too little
-# dense math to repay the padded rows) nor Newton (XLA's CPU batched solve is slower than
-# TensorFlow's kernel).
-AUTO_JIT = {("maml", "sgd"), ("fomaml", "sgd")}
+# step measured faster in ``make bench`` (docs/profile.md has the numbers). Not the Newton
+# solver: XLA's CPU lowering of the batched solve is slower than TensorFlow's kernel.
+AUTO_JIT = {("maml", "sgd"), ("fomaml", "sgd"), ("erm", "sgd")}
 
 
 def jit_enabled(meta: MetaConfig) -> bool:
