@@ -9,7 +9,7 @@ export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVOD_VERSION := 0.28.1
 
-.PHONY: install test test-soak test-fast lint-imports demo bench quality lint clean
+.PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
 
 $(VENV)/bin/python:
@@ -58,6 +58,10 @@ demo: install
 
 bench: install
 	$(PY) -m bench.run
+
+# Where the one-process meta step's time goes (docs/profile.md), dense math compiled and not.
+profile: install
+	$(PY) -m bench.profile_step
 
 # The MovieLens cold-start comparison (examples/movielens): model quality, not speed.
 quality: install

@@ -58,6 +58,7 @@ def measure(data: str, work: Path, log=print) -> Dict[str, float]:
         "speedup_2w1ps_over_1proc": rates["tasks_per_s_2w1ps"] / rates["tasks_per_s_1proc"],
         "ps_time_share": share["ps_time_share"],
         "step_ms": share["step_ms"], "ps_lookup_ms": share["lookup_ms"], "ps_apply_ms": share["apply_ms"],
+        "ps_lookup_ops_per_step": share["ps_lookup_ops_per_step"], "ps_apply_ops_per_step": share["ps_apply_ops_per_step"],
         "steps": STEPS,
     }
 
@@ -107,7 +108,23 @@ def _worker(data: str, out_file: str, ps: str) -> None:
     if rt.rank == 0:
         share = min(1.0, (lookup_ms + max(apply_ms, 0.0)) / step_ms)
         Path(out_file).write_text(json.dumps({"step_ms": step_ms, "lookup_ms": lookup_ms,
-                                              "apply_ms": apply_ms, "ps_time_share": share}))
+                                              "apply_ms": apply_ms, "ps_time_share": share,
+                                              **ps_table_ops(step._compiled.get_concrete_function(batches[0]).graph)}))
+
+
+def ps_table_ops(graph) -> Dict[str, int]:
+    """Hash-table ops one step runs on the PS, from the step's graph: the lookups' finds, and the
+    optimizer's finds and inserts on the tables and their slot tables. Each runs in its own PS
+    partition of the step; their count grows with tables × shards (× slots for the apply)."""
+    lookups = applies = 0
+    for op in graph.get_operations():
+        if "/job:ps/" not in op.device or not op.type.startswith("TFRA>"):
+            continue
+        if op.name.split("/")[0].rstrip("_0123456789") in ("Adam", "Adagrad"):
+            applies += 1
+        else:
+            lookups += 1
+    return {"ps_lookup_ops_per_step": lookups, "ps_apply_ops_per_step": applies}
 
 
 if __name__ == "__main__":

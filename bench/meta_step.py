@@ -10,15 +10,21 @@ inner loop, second-order outer gradient, dense + TFRA optimizer updates):
   execute several tasks' ops side by side (inter-op parallelism), which is a partial
   vectorization done by TensorFlow, at the price of a graph that grows with T.
 
-Measured one after another in one process; the first call of each (tracing) is excluded.
+The vectorized step runs twice, with its dense math compiled by XLA (``meta.jit_compile``) and
+not; ``tasks_per_s_vectorized`` and the speedups are for what the config's default picks. All
+variants are measured in one process, interleaved in rounds; the first call of each (tracing,
+XLA compilation) is excluded.
 """
 from __future__ import annotations
 
+import statistics
 import time
-from typing import Dict
+from dataclasses import replace
+from typing import Dict, List
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
+from gmeta_tf.meta.dense_step import jit_enabled
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.meta.task_loop import maml_loss_task_loop, maml_loss_task_while_loop
@@ -38,30 +44,52 @@ class TaskLoopStep(TrainStep):
             self._loss = lambda batch: maml_loss_task_while_loop(model, meta, batch)
 
 
-def _rate(step, batches, seconds: float, T: int) -> float:
-    step.step(batches[0])  # trace + compile
-    n, t0 = 0, time.perf_counter()
-    while True:
-        step.step(batches[n % len(batches)])
-        n += 1
-        elapsed = time.perf_counter() - t0
-        if elapsed >= seconds and n >= 3:
-            return n * T / elapsed
+def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = 4) -> Dict[str, float]:
+    """tasks/s of each step, measured in interleaved rounds (median over rounds): on a shared
+    2-core box the load drifts, and interleaving puts every variant under the same drift."""
+    for step in steps.values():
+        step.step(batches[0])  # trace + compile
+    per_round: Dict[str, List[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            n, t0 = 0, time.perf_counter()
+            while True:
+                out = step.step(batches[n % len(batches)])
+                n += 1
+                elapsed = time.perf_counter() - t0
+                if elapsed >= seconds / rounds and n >= 2:
+                    break
+            out["loss"].numpy()
+            per_round[name].append(n * T / (time.perf_counter() - t0))
+    return {name: statistics.median(r) for name, r in per_round.items()}
+
+
+def _step(cfg: Config, schema, variant: str):
+    """A fresh model and step: ``jit`` / ``nojit`` (the vectorized step with the dense math
+    compiled or not) or a per-task loop (never compiled with XLA: the baseline ports run as is)."""
+    model = DLRM(cfg.model, schema)
+    d, e = make_optimizers(cfg.train)
+    if variant in ("jit", "nojit"):
+        meta = replace(cfg.meta, jit_compile=variant == "jit")
+        return TrainStep(model, meta, d, e, LocalSync())
+    meta = replace(cfg.meta, jit_compile=False)
+    return TaskLoopStep(model, meta, d, e, LocalSync(), cfg.data.tasks_per_batch, unrolled=variant == "unrolled_loop")
+
+
+def _batches(cfg: Config):
+    return list(make_dataset(cfg.data.path, "train", cfg.data, training=True).take(8))
 
 
 def measure(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
     schema = load_schema(cfg.data.path)
     T = cfg.data.tasks_per_batch
-    batches = list(make_dataset(cfg.data.path, "train", cfg.data, training=True).take(8))
+    batches = _batches(cfg)
     samples = float(sum(b["support"]["mask"].numpy().sum() + b["query"]["mask"].numpy().sum()
                         for b in batches)) / len(batches) / T
-    rates = {}
-    for name in ("vectorized", "task_loop", "unrolled_loop"):
-        model = DLRM(cfg.model, schema)
-        d, e = make_optimizers(cfg.train)
-        step = (TrainStep(model, cfg.meta, d, e, LocalSync()) if name == "vectorized"
-                else TaskLoopStep(model, cfg.meta, d, e, LocalSync(), T, unrolled=name == "unrolled_loop"))
-        rates[name] = _rate(step, batches, seconds, T)
+    rates = _rates({name: _step(cfg, schema, name) for name in ("jit", "nojit", "task_loop", "unrolled_loop")},
+                   batches, seconds, T)
+    default = "jit" if jit_enabled(cfg.meta) else "nojit"  # what meta.jit_compile (auto) runs
+    rates["vectorized"] = rates[default]
     return {
         "tasks_per_s_vectorized": rates["vectorized"],
         "tasks_per_s_task_loop": rates["task_loop"],
@@ -70,8 +98,23 @@ def measure(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
         "tasks_per_s_unrolled_loop": rates["unrolled_loop"],
         "speedup_vs_task_loop": rates["vectorized"] / rates["task_loop"],
         "speedup_vs_unrolled_loop": rates["vectorized"] / rates["unrolled_loop"],
+        **_jit_keys(rates, default),
         "tasks_per_batch": T,
         "algo": cfg.meta.algo,
         "adapt": cfg.meta.adapt,
         "inner_steps": cfg.meta.inner_steps,
     }
+
+
+def measure_jit(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+    """The vectorized step with its dense math uncompiled and compiled, side by side."""
+    rates = _rates({name: _step(cfg, load_schema(cfg.data.path), name) for name in ("jit", "nojit")},
+                   _batches(cfg), seconds, cfg.data.tasks_per_batch)
+    default = "jit" if jit_enabled(cfg.meta) else "nojit"
+    return {**_jit_keys(rates, default), "algo": cfg.meta.algo, "adapt": cfg.meta.adapt,
+            "inner_steps": cfg.meta.inner_steps, "inner_solver": cfg.meta.inner_solver}
+
+
+def _jit_keys(rates: Dict[str, float], default: str) -> Dict[str, float]:
+    return {"tasks_per_s_jit": rates["jit"], "tasks_per_s_nojit": rates["nojit"],
+            "jit_speedup": rates["jit"] / rates["nojit"], "jit_default": default == "jit"}

@@ -42,9 +42,15 @@ def _prepared_data(tasks: int = 3000, shards: int = 0):
                            "prepare_rows_per_s": s["rows"] / (t2 - t1)}
 
 
+JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],
+            "meta_step_dense_embedding": ["meta.adapt=dense+embedding"],
+            "meta_step_erm": ["meta.algo=erm"],
+            "meta_step_newton": ["meta.adapt=head", "meta.inner_solver=newton"]}
+
+
 def bench_meta(results: Dict) -> None:
     from bench.meta_io import measure_read_rate
-    from bench.meta_step import measure
+    from bench.meta_step import measure, measure_jit
     from gmeta_tf.config.loader import load_config
 
     data, prep = _prepared_data()
@@ -52,6 +58,9 @@ def bench_meta(results: Dict) -> None:
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}"])
     step = measure(cfg)
     results["meta_step"] = step
+    # The dense math compiled by XLA or not, side by side, where the compiled program differs most.
+    for section, sets in JIT_ROWS.items():
+        results[section] = measure_jit(load_config("configs/quickstart.yaml", [f"data.path={data}", *sets]))
     io = measure_read_rate(data, cfg.data, seconds=5.0)
     results["meta_io"] = {
         "read_tasks_per_s": io["tasks_per_s"],
@@ -113,12 +122,19 @@ HEADLINES = [
     ("meta_step.tasks_per_s_vectorized", "vectorized meta step, tasks/s", ""),
     ("meta_step.tasks_per_s_task_loop", "per-task loop (tf.while_loop), tasks/s", ""),
     ("meta_step.speedup_vs_unrolled_loop", "vectorized / unrolled per-task loop", ""),
+    ("meta_step.jit_speedup", "dense math in XLA / uncompiled (tasks/s), quickstart", ""),
+    ("meta_step_inner_steps_3.jit_speedup", "… same, inner_steps: 3", ""),
+    ("meta_step_dense_embedding.jit_speedup", "… same, adapt: dense+embedding", ""),
+    ("meta_step_erm.jit_speedup", "… same, algo: erm", ""),
+    ("meta_step_newton.jit_speedup", "… same, inner_solver: newton (adapt: head)", ""),
     ("meta_io.read_over_consume", "Meta-IO read rate / training consumption", "≥ 3"),
     ("meta_io.read_tasks_per_s", "Meta-IO read, tasks/s", ""),
     ("prepare.prepare_rows_per_s", "prepare, input rows/s", ""),
     ("distributed.speedup_2w2ps_over_1proc", "2 workers + 2 PS / 1 process (tasks/s)", ""),
     ("distributed.speedup_2w1ps_over_1proc", "2 workers + 1 PS / 1 process (tasks/s)", ""),
     ("distributed.ps_time_share", "share of step time in PS round-trips (2w2ps)", ""),
+    ("distributed.ps_lookup_ops_per_step", "hash-table lookups on the PS per worker step (2w2ps)", ""),
+    ("distributed.ps_apply_ops_per_step", "hash-table finds + inserts of the apply on the PS, per step", ""),
     ("sharding.cost_model_error", "PS cost model, held-out error (geo. mean)", "≤ 0.10"),
     ("sharding.cost_model_error_bench", "PS cost model error on the bench's PS sets", ""),
     ("sharding.improvement_predicted_mean", "planner vs best baseline, predicted, mean", ""),

@@ -164,6 +164,10 @@ class MetaConfig:
     ridge_lambda: float = 5.0
     # newton: learn λ per head feature in the outer loop, starting from ``ridge_lambda``.
     learn_ridge_lambda: bool = False
+    # The training step's dense math (inner loop, query loss, outer gradient) as one XLA
+    # program (gmeta_tf/meta/dense_step.py); TFRA lookups and applies stay outside it. ``auto``
+    # compiles where ``make bench`` measured it faster (docs/profile.md); true / false force it.
+    jit_compile: Union[bool, Literal["auto"]] = "auto"
 
     def __post_init__(self) -> None:
         _require(self.inner_steps >= 1, "meta.inner_steps", f"must be >= 1, got {self.inner_steps}")

@@ -18,9 +18,9 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
-from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, task_losses
+from gmeta_tf.meta.dense_step import DenseStep, erm_objective, jit_enabled, maml_objective, padded_rows
+from gmeta_tf.meta.inner_loop import InnerLoopSpec
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.heads import per_sample_loss
 from gmeta_tf.model.sparse_features import lookup_batch
 
 
@@ -29,41 +29,14 @@ def maml_loss(model: DLRM, meta: MetaConfig, batch: dict) -> tf.Tensor:
     spec = InnerLoopSpec.from_meta(model, meta)
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
                           trainable=True, per_task=spec.adapt_embeddings)
-    num_tasks = tf.shape(batch["task_mask"])[0]
-    fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks)
-    fast = adapt(model, fast, batch, spec)
-    q = task_losses(model, fast, batch, "query")
-    tm = batch["task_mask"]
-    return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0) + embedding_penalty(model, sparse, batch)
-
-
-def embedding_penalty(model: DLRM, sparse, batch: dict) -> tf.Tensor:
-    """``model.embedding_l2`` × the mean squared norm of every sample's embeddings (0 when off)."""
-    l2 = float(model.cfg.embedding_l2)
-    if l2 == 0.0:
-        return tf.constant(0.0)
-    total, count = 0.0, 0.0
-    for which in ("support", "query"):
-        mask = batch[which]["mask"] * batch["task_mask"][:, None]
-        sq = tf.reduce_sum(tf.square(sparse.embed(which)), axis=[2, 3])  # [T, N]
-        total += tf.reduce_sum(sq * mask)
-        count += tf.reduce_sum(mask)
-    return l2 * total / tf.maximum(count, 1.0)
+    return maml_objective(model, spec, model.dense_variables, sparse, batch)
 
 
 def erm_loss(model: DLRM, batch: dict) -> tf.Tensor:
     """Plain mini-batch loss over every support and query sample of the batch."""
     sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
                           trainable=True, per_task=False)
-    total, count = 0.0, 0.0
-    for which in ("support", "query"):
-        part = batch[which]
-        scores = model.tower.forward(model.dense_variables, part["dense"], sparse.embed(which))
-        losses = per_sample_loss(model.kind, scores, model.scale_labels(part["label"]))
-        mask = part["mask"] * batch["task_mask"][:, None]
-        total += tf.reduce_sum(losses * mask)
-        count += tf.reduce_sum(mask)
-    return total / tf.maximum(count, 1.0) + embedding_penalty(model, sparse, batch)
+    return erm_objective(model, model.dense_variables, sparse, batch)
 
 
 def loss_fn(model: DLRM, meta: MetaConfig):
@@ -88,6 +61,8 @@ class TrainStep:
         self.dense_vars: List[tf.Variable] = list(model.dense_variables.values())
         self.shadows = model.trainable_shadows()
         self._loss = loss_fn(model, meta)
+        # meta.jit_compile: the dense math between the lookups and the applies as one XLA program.
+        self._dense_step = DenseStep(model, meta) if jit_enabled(meta) else None
         # Create every optimizer slot now, outside the compiled step: a fresh run and a run
         # restored from a checkpoint then hold the same optimizer state in the same layout
         # (TFRA's optimizer builds its slot tables differently when created while tracing).
@@ -144,6 +119,8 @@ class TrainStep:
         return loss, dense_grads, emb_grads
 
     def _gradients(self, batch: dict):
+        if self._dense_step is not None:
+            return self._compiled_gradients(batch)
         with tf.GradientTape() as tape:
             loss = self._loss(batch)
         grads = tape.gradient(loss, self.dense_vars + self.shadows + self.hot_vars + self.cold_vars,
@@ -151,6 +128,20 @@ class TrainStep:
         n, m = len(self.dense_vars), len(self.dense_vars) + len(self.shadows)
         h = m + len(self.hot_vars)
         return loss, grads[:n], grads[n:m], grads[m:h], grads[h:]
+
+    def _compiled_gradients(self, batch: dict):
+        """``_gradients`` with the dense math in XLA (``dense_step``): the tape records only the
+        lookups, and the compiled row gradients are chained back through them."""
+        dense = self._dense_step
+        with tf.GradientTape() as tape:
+            sparse = lookup_batch(self.model.tables, batch, self.model.cat_names, self.model.multi_names,
+                                  trainable=True, per_task=dense.spec.adapt_embeddings and not dense.erm)
+            rows = padded_rows(sparse)
+        loss, row_grads, dense_grads = dense.run(rows, sparse, batch)
+        grads = tape.gradient(rows, self.shadows + self.hot_vars + self.cold_vars, output_gradients=row_grads,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        m, h = len(self.shadows), len(self.shadows) + len(self.hot_vars)
+        return loss, dense_grads, grads[:m], grads[m:h], grads[h:]
 
     def _apply(self, batch: dict):
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)

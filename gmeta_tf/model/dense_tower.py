@@ -93,7 +93,6 @@ class DenseTower:
 
     def hidden(self, params: Params, dense: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
         """Everything but the last layer: the features a per-task head is fitted on ``[T, N, H]``."""
-        vecs = [emb[:, :, f, :] for f in range(self.n_sparse)]
         bottom = None
         if self.n_dense > 0:
             x = dense
@@ -102,8 +101,9 @@ class DenseTower:
                 if i < len(self.bottom_layers) - 1:
                     x = tf.nn.relu(x)
             bottom = x
-            vecs = [bottom, *vecs]
-        v = tf.stack(vecs, axis=2)  # [T, N, V, D]
+        # [T, N, V, D]. Not a stack of per-feature slices: each slice's gradient is a full-size
+        # tensor, and summing F of them was a tenth of the uncompiled step (docs/profile.md).
+        v = emb if bottom is None else tf.concat([bottom[:, :, None, :], emb], axis=2)
         if self.cfg.interaction == "dot":
             z = tf.matmul(v, v, transpose_b=True)  # [T, N, V, V]
             shape = tf.shape(z)

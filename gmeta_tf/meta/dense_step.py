@@ -1,0 +1,138 @@
+"""The dense math of a meta step — inner loop, query loss, outer gradient — as one XLA program.
+
+A meta step is TFRA work (unique ids, hash-table finds, the optimizer's inserts) around dense
+math on the gathered rows. The dense part is hundreds of tiny ops at the quickstart shapes
+(batched ``[T, ...]`` matmuls, their first and second derivatives), so TensorFlow's executor
+spends more time scheduling them than computing; XLA fuses them into a few loops.
+
+The split keeps TFRA out of the compiled program (its kernels have no XLA lowering, and a PS
+lookup is an RPC): the caller looks the rows up under its own tape, passes the rows and the
+dense weights' *values* to ``DenseStep.run``, which returns the loss and the gradients for the
+rows and the dense weights; the caller chains the row gradients back to the shadow variables
+(``tape.gradient(rows, shadows, output_gradients=...)``) and applies as before.
+
+Static shapes: XLA compiles once per input shape. The number of unique rows changes every
+step, so every table's rows are padded (with zeros nobody gathers) to the most rows the batch
+could have — one per id position, plus the pad row — which depends only on the batch shape.
+One compile per batch shape; a padded row gets a zero gradient and is sliced away by the pad's
+own gradient.
+
+``meta.jit_compile`` picks it (``jit_enabled``); the objectives below are also what the
+uncompiled step runs, so both paths evaluate the same expressions.
+"""
+from __future__ import annotations
+
+from typing import List, Mapping, Sequence, Tuple
+
+import tensorflow as tf
+
+import gmeta_tf  # noqa: F401
+from gmeta_tf.config.schema import MetaConfig
+from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, task_losses
+from gmeta_tf.model.dlrm import DLRM
+from gmeta_tf.model.heads import per_sample_loss
+from gmeta_tf.model.sparse_features import FeatureRows, SparseState
+
+# The per-sample fields of a task batch the dense math reads (ids never enter it: positions do).
+_SAMPLE_KEYS = ("dense", "label", "mask")
+
+# Where ``meta.jit_compile: auto`` compiles: the (algo, inner_solver) pairs where the compiled
+# step measured faster in ``make bench`` (docs/profile.md has the numbers). Not the Newton
+# solver: XLA's CPU lowering of the batched solve is slower than TensorFlow's kernel.
+AUTO_JIT = {("maml", "sgd"), ("fomaml", "sgd"), ("erm", "sgd")}
+
+
+def jit_enabled(meta: MetaConfig) -> bool:
+    if meta.jit_compile == "auto":
+        return (meta.algo, meta.inner_solver) in AUTO_JIT
+    return bool(meta.jit_compile)
+
+
+def embedding_penalty(model: DLRM, sparse: SparseState, batch: dict) -> tf.Tensor:
+    """``model.embedding_l2`` × the mean squared norm of every sample's embeddings (0 when off)."""
+    l2 = float(model.cfg.embedding_l2)
+    if l2 == 0.0:
+        return tf.constant(0.0)
+    total, count = 0.0, 0.0
+    for which in ("support", "query"):
+        mask = batch[which]["mask"] * batch["task_mask"][:, None]
+        sq = tf.reduce_sum(tf.square(sparse.embed(which)), axis=[2, 3])  # [T, N]
+        total += tf.reduce_sum(sq * mask)
+        count += tf.reduce_sum(mask)
+    return l2 * total / tf.maximum(count, 1.0)
+
+
+def maml_objective(model: DLRM, spec: InnerLoopSpec, params: Mapping[str, tf.Tensor],
+                   sparse: SparseState, batch: dict) -> tf.Tensor:
+    """Mean query loss after adapting ``params`` on the support set, plus the embedding penalty."""
+    num_tasks = tf.shape(batch["task_mask"])[0]
+    fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks, params)
+    fast = adapt(model, fast, batch, spec)
+    q = task_losses(model, fast, batch, "query")
+    tm = batch["task_mask"]
+    return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0) + embedding_penalty(model, sparse, batch)
+
+
+def erm_objective(model: DLRM, params: Mapping[str, tf.Tensor], sparse: SparseState, batch: dict) -> tf.Tensor:
+    """Plain mini-batch loss over every support and query sample of the batch."""
+    total, count = 0.0, 0.0
+    for which in ("support", "query"):
+        part = batch[which]
+        scores = model.tower.forward(params, part["dense"], sparse.embed(which))
+        losses = per_sample_loss(model.kind, scores, model.scale_labels(part["label"]))
+        mask = part["mask"] * batch["task_mask"][:, None]
+        total += tf.reduce_sum(losses * mask)
+        count += tf.reduce_sum(mask)
+    return total / tf.maximum(count, 1.0) + embedding_penalty(model, sparse, batch)
+
+
+def padded_rows(sparse: SparseState) -> List[tf.Tensor]:
+    """Every feature's rows zero-padded to its static bound (one row per id position + the pad row)."""
+    out = []
+    for f in sparse.features:
+        s, q = f.support_pos.shape.num_elements(), f.query_pos.shape.num_elements()
+        if s is None or q is None:  # a retraced step with relaxed batch shapes: still correct, compiled per shape
+            bound = tf.size(f.support_pos) + tf.size(f.query_pos) + 1
+            out.append(tf.pad(f.rows, [[0, bound - tf.shape(f.rows)[0]], [0, 0]]))
+            continue
+        r = f.rows
+        out.append(tf.ensure_shape(tf.pad(r, [[0, s + q + 1 - tf.shape(r)[0]], [0, 0]]), [s + q + 1, r.shape[-1]]))
+    return out
+
+
+class DenseStep:
+    """``run(sparse, batch)`` → loss and gradients for the rows and the dense weights, compiled."""
+
+    def __init__(self, model: DLRM, meta: MetaConfig):
+        self.model = model
+        self.spec = InnerLoopSpec.from_meta(model, meta)
+        self.erm = meta.algo == "erm"
+        self.names = list(model.dense_variables)
+        self.multi = [False] * len(model.cat_names) + [True] * len(model.multi_names)  # lookup_batch's order
+        # No AutoGraph: the dense math has no tensor-dependent Python control flow to convert.
+        self._compiled = tf.function(self._loss_and_grads, jit_compile=True, reduce_retracing=True, autograph=False)
+
+    def objective(self, params: Mapping[str, tf.Tensor], sparse: SparseState, batch: dict) -> tf.Tensor:
+        if self.erm:
+            return erm_objective(self.model, params, sparse, batch)
+        return maml_objective(self.model, self.spec, params, sparse, batch)
+
+    def run(self, rows: Sequence[tf.Tensor], sparse: SparseState, batch: dict
+            ) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor]]:
+        """Loss, gradients w.r.t. ``rows`` (``sparse``'s rows, padded by ``padded_rows``) and
+        w.r.t. the dense weights (in ``model.dense_variables`` order)."""
+        params = [self.model.dense_variables[n].read_value() for n in self.names]
+        positions = [(f.support_pos, f.query_pos, f.support_valid, f.query_valid) for f in sparse.features]
+        samples = {w: {k: batch[w][k] for k in _SAMPLE_KEYS if k in batch[w]} for w in ("support", "query")}
+        samples["task_mask"] = batch["task_mask"]
+        loss, row_grads, dense_grads = self._compiled(list(rows), params, positions, samples)
+        return loss, row_grads, dense_grads
+
+    def _loss_and_grads(self, rows, params, positions, batch):
+        sparse = SparseState([FeatureRows(r, *p, multi=m) for r, p, m in zip(rows, positions, self.multi)])
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(rows + params)
+            loss = self.objective(dict(zip(self.names, params)), sparse, batch)
+        grads = tape.gradient(loss, rows + params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        return loss, grads[: len(rows)], grads[len(rows):]
