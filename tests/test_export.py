@@ -57,10 +57,9 @@ def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
     """``gmeta eval``'s per-task scores of the test split, and the same tasks' samples as the
     signatures' inputs (named as ``export.json`` says), written to ``out`` for the client."""
     from gmeta_tf.evaluation.evaluate import query_scores
+    from gmeta_tf.metaio.decode import layout_from_schema
     from gmeta_tf.metaio.reader import make_dataset
     from gmeta_tf.train.trainer import load_trained
-
-    from gmeta_tf.metaio.decode import layout_from_schema
 
     cfg, model, _ = load_trained(run)
     scores = query_scores(model, cfg)
