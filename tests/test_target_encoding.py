@@ -54,6 +54,16 @@ def test_encode_by_hand_leave_one_out_and_unseen():
     np.testing.assert_allclose(feats, np.array(want), rtol=1e-6, atol=1e-7)
 
 
+@fast
+def test_encode_clicks_is_the_shrunk_ctr():
+    # Train: A clicked 1 of 3 times, B 1 of 1; the test sample of A sees 1 click in 3, CTR g = 2/4.
+    feats, _, _ = te.encode(["item"], {"item": np.array([A, A, A, B, A])}, np.array([1, 0, 0, 1, 1], np.float32),
+                            np.array([0, 1, 2, 3]), 1.0)
+    g = 0.5
+    assert feats[0, 0] == pytest.approx((0 + g) / (2 + 1) - g)  # its own click left out
+    assert feats[4, 0] == pytest.approx((1 + g) / (3 + 1) - g) and feats[4, 1] == pytest.approx(np.log(4))
+
+
 def _hand_features(prep: Path, col: str, k: float):
     """Per split, per sample (support then query, task by task): the two features by hand."""
     rows = {}
