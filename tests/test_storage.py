@@ -9,8 +9,8 @@ from gmeta_tf import storage
 from gmeta_tf.cli.main import cli
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import ConfigError
+from gmeta_tf.embedding.table_files import load_resplit
 from gmeta_tf.errors import CheckpointError
-from gmeta_tf.model.column_split import load_resplit
 
 
 def test_a_scheme_without_its_filesystem_names_the_path_and_the_fix():

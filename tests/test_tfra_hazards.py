@@ -9,10 +9,11 @@ import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
 
 from gmeta_tf.config.schema import MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.embedding.naming import local_namespace, shared_table_name
+from gmeta_tf.embedding.table import EmbeddingTable
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.tables import EmbeddingTable, local_namespace, shared_table_name
 from gmeta_tf.train.dense_sync import LocalSync
 
 CPU = ["/CPU:0"]

@@ -21,14 +21,12 @@ from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, task_losses
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import per_sample_loss
-from gmeta_tf.model.sparse_features import lookup_batch
 
 
 def maml_loss(model: DLRM, meta: MetaConfig, batch: dict) -> tf.Tensor:
     """Mean query loss after adapting on the support set (recorded by an enclosing tape)."""
     spec = InnerLoopSpec.from_meta(model, meta)
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=True, per_task=spec.adapt_embeddings)
+    sparse = model.embeddings.lookup(batch, trainable=True, per_task=spec.adapt_embeddings)
     num_tasks = tf.shape(batch["task_mask"])[0]
     fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks)
     fast = adapt(model, fast, batch, spec)
@@ -53,8 +51,7 @@ def embedding_penalty(model: DLRM, sparse, batch: dict) -> tf.Tensor:
 
 def erm_loss(model: DLRM, batch: dict) -> tf.Tensor:
     """Plain mini-batch loss over every support and query sample of the batch."""
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=True, per_task=False)
+    sparse = model.embeddings.lookup(batch, trainable=True, per_task=False)
     total, count = 0.0, 0.0
     for which in ("support", "query"):
         part = batch[which]
@@ -75,28 +72,23 @@ def loss_fn(model: DLRM, meta: MetaConfig):
 class TrainStep:
     """Builds the compiled step. ``gradients`` is exposed (uncompiled) for the tests."""
 
-    def __init__(self, model: DLRM, meta: MetaConfig, dense_opt, emb_opt, sync, hot=None):
+    def __init__(self, model: DLRM, meta: MetaConfig, dense_opt, emb_opt, sync):
         self.model = model
-        # Hot/cold split (gmeta_tf/hot): worker-local hot rows, trained in the same step.
-        self.hot = hot
-        self.hot_vars: List[tf.Variable] = hot.variables if hot is not None else []
-        self.cold_vars: List[tf.Variable] = []  # prefetched cold rows (hot/prefetch.py)
+        # Hot/cold split (gmeta_tf/embedding/hot): worker-local hot rows, trained in the same step.
+        self.hot = model.embeddings.hot
         self.meta = meta
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
         self.sync = sync
         self.dense_vars: List[tf.Variable] = list(model.dense_variables.values())
-        self.shadows = model.trainable_shadows()
         self._loss = loss_fn(model, meta)
         # Create every optimizer slot now, outside the compiled step: a fresh run and a run
         # restored from a checkpoint then hold the same optimizer state in the same layout
         # (TFRA's optimizer builds its slot tables differently when created while tracing).
         dense_opt.build(self.dense_vars)
-        emb_opt.build(model.shadows_by_table())
-        if hot is not None:
-            hot.attach(emb_opt)  # the prefetch needs the slot tables built just above
-            self.cold_vars = hot.cold_variables
-            self.shadows = hot.remote_shadows(model.trainable_shadows())
+        model.embeddings.build_slots(emb_opt)  # and the hot tier's prefetch, which reads them
+        self.rows = model.embeddings.trainable()
+        self.shadows, self.hot_vars, self.cold_vars = self.rows.shadows, self.rows.hot, self.rows.cold
         # A name unique to this process: with PS tables the step's graph is partitioned and its
         # PS parts are registered on the parameter servers under names derived from this one,
         # so the functions different workers register on a shared PS never share a name (and a
@@ -156,10 +148,7 @@ class TrainStep:
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
         dense_grads = self.sync.allreduce(dense_grads)
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
-        done = None
-        if self.hot is not None:  # before the tables' apply: it reads their step counters
-            done = self.hot.apply(hot_grads, self.emb_opt, cold_grads)
-        self.emb_opt.apply_gradients(zip(emb_grads, self.shadows))
+        done = self.model.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads)
         return loss, done
 
     def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
