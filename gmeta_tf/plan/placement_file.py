@@ -10,7 +10,7 @@ Format (``cluster.placement`` points at it)::
       user:   {columns: [[0, 1], [2]]}  # a block may itself be row-sharded over several PS
 
 A column-split table of dim ``d`` with ``n`` blocks needs ``d % n == 0``; block ``i`` holds
-dims ``[i*d/n, (i+1)*d/n)`` and is its own TFRA table (``model/column_split.py``). Tables the
+dims ``[i*d/n, (i+1)*d/n)`` and is its own TFRA table (``embedding/column_split.py``). Tables the
 file does not name are row-sharded over every PS, as without a placement file.
 
 Why one module: the planner writes what the trainer reads, so the parser, the validation and
