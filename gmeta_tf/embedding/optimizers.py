@@ -74,11 +74,6 @@ def row_bytes(dim: int, kind: str) -> int:
     return FLOAT_BYTES * dim * (1 + slot_count(kind))
 
 
-def slot_name(slot_var) -> str:
-    """The slot part of a TFRA slot variable's name ``<table var>/<shadow>/<slot>`` (``m``)."""
-    return slot_var.name.rsplit("/", 1)[-1]
-
-
 def slot_init(slot: str) -> float:
     """A missing slot row's value, as TFRA's slot table gives it."""
     return next(k.slot_init for k in KINDS.values() if slot in k.slots)

@@ -20,7 +20,7 @@ import tensorflow_recommenders_addons as tfra
 
 import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name
-from gmeta_tf.embedding.optimizers import slot_name
+from gmeta_tf.embedding.table_files import export_variable, slot_name
 
 de = tfra.dynamic_embedding
 
@@ -126,18 +126,6 @@ def initial_capacity(expected_rows: int) -> int:
     up front, a table never grows during training unless the data outgrows its statistics.
     """
     return max(8192, int(expected_rows * 1.5)) if expected_rows else 0
-
-
-def export_variable(var) -> tuple[np.ndarray, np.ndarray]:
-    keys, values = var.export()
-    return keys.numpy(), values.numpy()
-
-
-def import_variable(var, keys: np.ndarray, values: np.ndarray, chunk: int = 1 << 18) -> None:
-    """Upsert ``keys``/``values`` into a de.Variable in chunks (bounded RPC size to a PS)."""
-    for lo in range(0, len(keys), chunk):
-        var.upsert(tf.constant(keys[lo:lo + chunk], tf.int64),
-                   tf.constant(values[lo:lo + chunk], var.value_dtype))
 
 
 class Table(Protocol):

@@ -8,8 +8,9 @@ row by row (``de.Variable.export``) rather than through TF's saveables, so the s
 local tables and tables sharded over parameter servers (rank 0 pulls the rows from every PS),
 and a restore can re-shard onto a different number of PS or another column split.
 
-``read_table`` needs no TFRA table at all: model export and inspection tools read a
-checkpoint's rows through it, whole, whatever split the run used.
+``read_table`` needs no TFRA table, nor TFRA itself (this module does not import it): model
+export and inspection tools read a checkpoint's rows through it, whole, whatever split the run
+used.
 """
 from __future__ import annotations
 
@@ -17,13 +18,29 @@ import re
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
+import tensorflow as tf
 
 from gmeta_tf import storage
-from gmeta_tf.embedding.optimizers import slot_name
-from gmeta_tf.embedding.table import EmbeddingTable, export_variable, import_variable
 from gmeta_tf.errors import CheckpointError
 
 TABLES_DIR = "tables"
+
+
+def slot_name(slot_var) -> str:
+    """The slot part of a TFRA slot variable's name ``<table var>/<shadow>/<slot>`` (``m``)."""
+    return slot_var.name.rsplit("/", 1)[-1]
+
+
+def export_variable(var) -> tuple[np.ndarray, np.ndarray]:
+    keys, values = var.export()
+    return keys.numpy(), values.numpy()
+
+
+def import_variable(var, keys: np.ndarray, values: np.ndarray, chunk: int = 1 << 18) -> None:
+    """Upsert ``keys``/``values`` into a de.Variable in chunks (bounded RPC size to a PS)."""
+    for lo in range(0, len(keys), chunk):
+        var.upsert(tf.constant(keys[lo:lo + chunk], tf.int64),
+                   tf.constant(values[lo:lo + chunk], var.value_dtype))
 
 
 def table_file(tables_dir: str, key: str) -> str:
@@ -37,7 +54,7 @@ def slot_key(table_name: str, slot_var) -> str:
     return f"{table_name}.{slot_name(slot_var)}"
 
 
-def files_of(tables: Sequence[EmbeddingTable], emb_opt) -> Dict[str, object]:
+def files_of(tables: Sequence, emb_opt) -> Dict[str, object]:
     """``{file key: de.Variable}`` of every TFRA table and its optimizer slot tables."""
     out = {}
     for table in tables:
