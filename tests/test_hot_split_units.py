@@ -19,8 +19,9 @@ from gmeta_tf.data.id_profile import (
     write_profile,
 )
 from gmeta_tf.embedding.hot.rows import HotRows
-from gmeta_tf.embedding.hot.select import HotSet, row_bytes, select_hot
+from gmeta_tf.embedding.hot.select import HotSet, select_hot
 from gmeta_tf.embedding.hot_cold import HotColdTable
+from gmeta_tf.embedding.optimizers import row_bytes
 from gmeta_tf.errors import DataError
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers

@@ -14,7 +14,8 @@ this class. Its life, in the order ``assemble`` (and before it ``create_tables``
    state in the same layout), then the hot tier's cold-row prefetch, which reads and writes
    those slot tables;
 4. **train**: ``lookup`` (one lookup per table per step), ``trainable`` (what the tape
-   differentiates), ``apply`` (hot rows first, then the TFRA tables), ``step_errors`` (a step's
+   differentiates), ``apply`` (hot rows first, then the TFRA tables), with prefetch
+   ``write_behind`` / ``read_ahead`` / ``keep_ahead`` around them, ``step_errors`` (a step's
    failure inside the package, as a typed error);
 5. **boundaries**: ``quiesce`` (each rank writes its pending cold-row updates to the PS before
    anyone reads it: validation, checkpoint), ``step_boundary`` (rank 0 copies the hot rows
@@ -162,6 +163,21 @@ class Embeddings:
             done = self.hot.apply(list(hot_grads), self._opt(), list(cold_grads))
         self._opt().apply_gradients(zip(shadow_grads, rows.shadows))
         return done
+
+    # -- cold-row prefetch, inside the compiled step (``hot/prefetch.py``) -------------------
+    def write_behind(self) -> None:
+        """The previous step's cold-row updates, as ops writing them to the PS."""
+        if self.hot is not None:
+            self.hot.flush_ops()
+
+    def read_ahead(self, batch: dict) -> list:
+        """Ops reading ``batch``'s cold rows (values and slots) from the PS."""
+        return self.hot.fetch(batch, self.cat_names, self.multi_names) if self.hot is not None else []
+
+    def keep_ahead(self, ahead: list, done: Optional[list] = None) -> None:
+        """Make ``ahead`` the next step's cold rows, patched with this step's updates ``done``."""
+        if self.hot is not None:
+            self.hot.store(ahead, done)
 
     @contextmanager
     def step_errors(self, where: str) -> Iterator[None]:

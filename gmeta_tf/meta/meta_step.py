@@ -74,8 +74,9 @@ class TrainStep:
 
     def __init__(self, model: DLRM, meta: MetaConfig, dense_opt, emb_opt, sync):
         self.model = model
-        # Hot/cold split (gmeta_tf/embedding/hot): worker-local hot rows, trained in the same step.
-        self.hot = model.embeddings.hot
+        # Every table, its hot tier (worker-local hot rows, trained in the same step) and the
+        # cold-row prefetch: gmeta_tf/embedding/collection.py.
+        self.embeddings = model.embeddings
         self.meta = meta
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
@@ -101,8 +102,8 @@ class TrainStep:
             return self._step_ahead(batch, next_batch)
 
         def prime(batch):
-            self.hot.flush_ops()
-            self.hot.store(self.hot.fetch(batch, model.cat_names, model.multi_names))
+            self.embeddings.write_behind()
+            self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
 
         tag = f"r{sync.rank}_p{os.getpid()}"
         step.__name__ = f"gmeta_train_step_{tag}"
@@ -148,7 +149,7 @@ class TrainStep:
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
         dense_grads = self.sync.allreduce(dense_grads)
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
-        done = self.model.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads)
+        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads)
         return loss, done
 
     def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
@@ -159,8 +160,8 @@ class TrainStep:
         """The step with prefetching tables: last step's cold writes, then the next batch's cold
         reads, go to the PS first; nothing of this batch's compute waits on them, so they run
         alongside it. The buffers are refilled (and patched with this step's updates) last."""
-        self.hot.flush_ops()
-        ahead = self.hot.fetch(next_batch, self.model.cat_names, self.model.multi_names)
+        self.embeddings.write_behind()
+        ahead = self.embeddings.read_ahead(next_batch)
         loss, done = self._apply(batch)
-        self.hot.store(ahead, done)
+        self.embeddings.keep_ahead(ahead, done)
         return {"loss": loss}
