@@ -42,3 +42,22 @@ def test_column_blocks_with_different_ids_cannot_be_joined():
     storage.write_bytes(f"{tables}/item.c1of2.npz", storage.npz_bytes(keys=np.array([1, 3]), values=np.ones((2, 2))))
     with pytest.raises(CheckpointError, match=r"item\.c1of2\.npz: its ids differ from item\.c0of2\.npz's"):
         load_resplit(tables, "item", ["item"])
+
+
+def test_replace_file_writes_whole_and_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    import os
+
+    from gmeta_tf.atomic_file import replace_file
+
+    f = tmp_path / "placement.yaml"
+    replace_file(f, "one\n")
+    replace_file(f, b"two\n")
+    assert f.read_text() == "two\n"
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError, match="No space"):
+        replace_file(f, "three\n")
+    assert f.read_text() == "two\n" and sorted(p.name for p in tmp_path.iterdir()) == ["placement.yaml"]
