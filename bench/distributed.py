@@ -87,7 +87,7 @@ def _worker(data: str, out_file: str, ps: str) -> None:
     def applies(batch):
         s = model.embeddings.lookup(batch, trainable=True, per_task=False)
         del s  # only the lookups' side effect matters: the shadows now hold this batch's ids
-        grads = [tf.zeros([tf.shape(t.shadow.ids)[0], t.dim]) for t in model.tables]
+        grads = [tf.zeros([tf.shape(t.shadow.ids)[0], t.dim]) for t in model.storage_tables()]
         emb_opt.apply_gradients(zip(grads, model.trainable_shadows()))
         return tf.constant(0.0)
 
