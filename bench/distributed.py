@@ -71,7 +71,6 @@ def _worker(data: str, out_file: str, ps: str) -> None:
     from gmeta_tf.cluster.worker import worker_runtime
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.metaio.reader import load_schema, make_dataset
-    from gmeta_tf.model.sparse_features import lookup_batch
     from gmeta_tf.train.trainer import build_tables_once
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.tasks_per_batch=16",
@@ -82,14 +81,14 @@ def _worker(data: str, out_file: str, ps: str) -> None:
 
     @tf.function
     def lookups(batch):
-        s = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=True, per_task=False)
+        s = model.embeddings.lookup(batch, trainable=True, per_task=False)
         return [tf.reduce_sum(r) for r in s.rows()]
 
     @tf.function
     def applies(batch):
-        s = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=True, per_task=False)
+        s = model.embeddings.lookup(batch, trainable=True, per_task=False)
         del s  # only the lookups' side effect matters: the shadows now hold this batch's ids
-        grads = [tf.zeros([tf.shape(t.shadow.ids)[0], t.dim]) for t in model.tables]
+        grads = [tf.zeros([tf.shape(t.shadow.ids)[0], t.dim]) for t in model.storage_tables()]
         emb_opt.apply_gradients(zip(grads, model.trainable_shadows()))
         return tf.constant(0.0)
 

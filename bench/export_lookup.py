@@ -30,8 +30,10 @@ def _ns_per_id(fn, ids: tf.Tensor) -> float:
 
 
 def measure(work: Path) -> Dict:
+    from gmeta_tf.embedding.naming import local_namespace
+    from gmeta_tf.embedding.table import EmbeddingTable
+    from gmeta_tf.embedding.table_files import import_variable
     from gmeta_tf.export.static_table import StaticTable
-    from gmeta_tf.model.tables import EmbeddingTable, import_variable, local_namespace
 
     rng = np.random.default_rng(0)
     ids = rng.choice(1 << 40, ROWS, replace=False).astype(np.int64)

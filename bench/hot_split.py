@@ -73,7 +73,8 @@ def count_traffic(data: str, budget: str) -> Dict[str, float]:
     """Local share and PS bytes per step from rank 0's batches (see the module docstring)."""
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.data.id_profile import load_profile
-    from gmeta_tf.hot.select import SLOTS, select_hot
+    from gmeta_tf.embedding.hot.select import select_hot
+    from gmeta_tf.embedding.optimizers import slot_count
     from gmeta_tf.metaio.reader import load_schema, make_dataset
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", f"data.tasks_per_batch={PER_WORKER_T}",
@@ -83,7 +84,7 @@ def count_traffic(data: str, budget: str) -> Dict[str, float]:
     dim, opt = cfg.model.embedding_dim, cfg.train.embedding_optimizer
     hot = select_hot(load_profile(Path(data) / "id_profile.npz"), {n: dim for _, n in names}, opt,
                      cfg.hot.budget_bytes)
-    row = 2 * (1 + SLOTS[opt]) * (dim * 4 + 8)
+    row = 2 * (1 + slot_count(opt)) * (dim * 4 + 8)
     lookups = local = rows_off = rows_on = 0
     ps_tables_on = sum(1 for _, n in names if not hot.local_only.get(n))
     batches = make_dataset(data, "train", cfg.data, rank=0, size=2, training=True).take(COUNT_BATCHES)

@@ -4,7 +4,8 @@ Data flows prepare → Meta-IO → model → meta step → PS / all-reduce → c
 
 * ``gmeta_tf.data``       sample-level tables → task-major Parquet (``prepare``), synthetic data
 * ``gmeta_tf.metaio``     task-major Parquet → padded ``tf.data`` task batches
-* ``gmeta_tf.model``      TFRA embedding tables and the functional DLRM dense tower
+* ``gmeta_tf.embedding``  every embedding table: TFRA tables, hot tier, optimizers, table files
+* ``gmeta_tf.model``      the DLRM: its embeddings and the functional dense tower
 * ``gmeta_tf.meta``       inner loop (fast weights) and outer meta step, ERM baseline step
 * ``gmeta_tf.train``      training loop, dense-gradient sync, checkpoints
 * ``gmeta_tf.evaluation`` adapt-then-score on unseen tasks, metrics

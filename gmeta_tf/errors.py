@@ -19,3 +19,7 @@ class CheckpointError(UserError):
 
 class PlanError(UserError):
     """A sharding request that cannot be met (a table fits no PS, not enough memory in total)."""
+
+
+class HotSetMissError(DataError):
+    """A hot table served without the PS (its profile claimed every train id) met another id."""

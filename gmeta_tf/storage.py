@@ -22,6 +22,7 @@ from typing import List
 
 import tensorflow as tf
 
+from gmeta_tf.atomic_file import replace_file
 from gmeta_tf.errors import CheckpointError
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -142,11 +143,7 @@ def write_bytes(path: str, data: bytes) -> None:
     _ready(path)
     try:
         if is_local(path):
-            p = local_path(path)
-            tmp = f"{p}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, p)
+            replace_file(local_path(path), data)
         else:
             if scheme(path) == "ram" and gfile.exists(path):
                 # TF's in-memory filesystem appends to an existing file instead of replacing it

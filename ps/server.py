@@ -88,10 +88,9 @@ def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
     server = tf.distribute.Server(cluster, job_name="ps", task_index=index, protocol="grpc", start=True)
     _Health.ready.set()
     if ready_file:
-        tmp = f"{ready_file}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{server.target}\n")
-        os.replace(tmp, ready_file)
+        from gmeta_tf.atomic_file import replace_file
+
+        replace_file(ready_file, f"{server.target}\n")
     log.info("ps %d ready at %s (grpc %s; TFRA kernels: %s; health port %s)",
              index, address, server.target, ", ".join(kernels), health_port)
     from gmeta_tf.process import pid_alive

@@ -157,7 +157,7 @@ import sys, gmeta_tf, tensorflow as tf
 ps, order, action = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [ps]}), job_name="worker" + action,
                                           make_master_device_default=False)
-from gmeta_tf.model.tables import EmbeddingTable
+from gmeta_tf.embedding.table import EmbeddingTable
 tables = {n: EmbeddingTable(n, 2, ["/job:ps/replica:0/task:0/device:CPU:0"], "job", 0.05, 0) for n in order}
 if action == "write":
     tables["emb"].variable.upsert(tf.constant([7], tf.int64), tf.constant([[1.5, -2.5]]))

@@ -14,9 +14,9 @@ from cluster_helpers import LAUNCH_ID_ENV, processes_with_env, rank_summaries, r
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.data.id_profile import load_profile, profile_ids, write_profile
+from gmeta_tf.embedding.hot.rows import hot_digest
+from gmeta_tf.embedding.hot.select import select_hot
 from gmeta_tf.evaluation.evaluate import evaluate
-from gmeta_tf.hot.rows import hot_digest
-from gmeta_tf.hot.select import select_hot
 from gmeta_tf.train.trainer import load_trained
 
 pytestmark = pytest.mark.integration  # horovodrun with real PS processes

@@ -8,8 +8,8 @@ import pytest
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.data.id_profile import load_profile, profile_ids, write_profile
-from gmeta_tf.hot.rows import HotRows, hot_digest
-from gmeta_tf.hot.select import select_hot
+from gmeta_tf.embedding.hot.rows import HotRows, hot_digest
+from gmeta_tf.embedding.hot.select import select_hot
 from gmeta_tf.train.dense_sync import LocalSync
 from gmeta_tf.train.trainer import load_trained, train
 
@@ -52,7 +52,7 @@ def test_checkpoint_holds_hot_rows_and_resume_may_change_the_budget(prepared_250
     _, model, ckpt = load_trained(run)
     small = select_hot(load_profile(profile), dims, "adam", 64 * 1024)
     assert 0 < small.rows < hot.rows
-    rows = HotRows(model, small, LocalSync(), "adam", 0.01, {t: 512 for t in dims})
+    rows = HotRows(model.tables, small, LocalSync(), "adam", 0.01, {t: 512 for t in dims})
     rows.load(ckpt.emb_opt)
     for table in rows.tables:
         np.testing.assert_array_equal(table.values.numpy(), _ckpt_rows(run, table.name, table.hot_ids))

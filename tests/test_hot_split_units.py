@@ -18,13 +18,14 @@ from gmeta_tf.data.id_profile import (
     profile_ids,
     write_profile,
 )
+from gmeta_tf.embedding.hot.rows import HotRows
+from gmeta_tf.embedding.hot.select import HotSet, select_hot
+from gmeta_tf.embedding.hot_cold import HotColdTable
+from gmeta_tf.embedding.optimizers import row_bytes
 from gmeta_tf.errors import DataError
-from gmeta_tf.hot.rows import HotRows
-from gmeta_tf.hot.select import HotSet, row_bytes, select_hot
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.hot_cold import HotColdTable
 from gmeta_tf.train.dense_sync import LocalSync
 
 
@@ -136,7 +137,7 @@ def _model_with_rows(schema, batches, bp_v2=False):
 
 def _state(model, emb_opt):
     out = {}
-    for t in model.tables:
+    for t in model.storage_tables():
         slots = {s.name.rsplit("/", 1)[-1]: s for s in t.slot_variables(emb_opt.for_shadow(t.shadow))}
         for key, var in {"value": t.variable, **slots}.items():
             keys, vals = var.export()
@@ -169,10 +170,11 @@ def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt, prefetch, bp_
             ids = {"item": np.arange(0, 50, 2, dtype=np.int64), "city": np.arange(5, dtype=np.int64),
                    "tags": np.zeros(0, np.int64)}
             hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1, local_only={"city": True})
-            rows = HotRows(model, hs, LocalSync(), optimizer, tcfg.embedding_learning_rate,
-                           {"item": 100, "city": 100, "tags": 300}, prefetch=prefetch)
+            rows = model.embeddings.use_hot(HotRows(model.tables, hs, LocalSync(), optimizer,
+                                                    tcfg.embedding_learning_rate,
+                                                    {"item": 100, "city": 100, "tags": 300}, prefetch=prefetch))
             assert [type(t).__name__ for t in model.tables] == ["HotColdTable", "HotColdTable", "EmbeddingTable"]
-        step = TrainStep(model, meta, dense_opt, emb_opt, LocalSync(), hot=rows)
+        step = TrainStep(model, meta, dense_opt, emb_opt, LocalSync())
         if rows is not None:
             assert [t.local_only for t in rows.tables] == [False, True]
             # city's shadow has no TFRA apply; with prefetch, item's cold rows have none either
@@ -223,21 +225,19 @@ def test_hot_lookup_equals_plain_lookup_and_pads_are_zero():
 
 
 def test_budget_zero_is_the_plain_path(tmp_path):
-    from gmeta_tf.hot.rows import build_hot_rows
-
     schema = tiny_schema("click")
     model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), schema)
     before = list(model.tables)
     # No profile needed (this one does not exist), nothing wrapped, no hot variables in the step.
     cfg = load_config(None, ["hot.budget=0", f"hot.profile={tmp_path / 'missing.npz'}"])
-    assert build_hot_rows(cfg, model, LocalSync()) is None
+    assert model.embeddings.add_hot_tier(cfg, LocalSync()) is None
     assert model.tables == before
     dense_opt, emb_opt = make_optimizers(cfg.train)
-    step = TrainStep(model, MetaConfig(), dense_opt, emb_opt, LocalSync(), hot=None)
+    step = TrainStep(model, MetaConfig(), dense_opt, emb_opt, LocalSync())
     assert step.hot_vars == [] and step.shadows == model.trainable_shadows()
     with pytest.raises(DataError, match="missing.npz"):
-        build_hot_rows(load_config(None, ["hot.budget=1MiB", f"hot.profile={tmp_path / 'missing.npz'}"]),
-                       model, LocalSync())
+        model.embeddings.add_hot_tier(load_config(None, ["hot.budget=1MiB", f"hot.profile={tmp_path / 'missing.npz'}"]),
+                                      LocalSync())
 
 
 def test_profile_command_writes_files_and_prints_coverage(prepared_2500, tmp_path):
@@ -285,12 +285,12 @@ def test_column_split_tables_stay_wholly_on_the_ps():
                  placement={"item": ColumnSplit([[0], [0]])})
     ids = {"item": np.arange(0, 50, 2, dtype=np.int64), "city": np.arange(5, dtype=np.int64)}
     hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1)
-    rows = HotRows(model, hs, LocalSync(), "adam", 0.05, {"item": 100, "city": 100})
+    rows = model.embeddings.use_hot(HotRows(model.tables, hs, LocalSync(), "adam", 0.05, {"item": 100, "city": 100}))
     assert rows.skipped == ["item"] and rows.names == ["city"]
     assert [type(t).__name__ for t in model.tables] == ["ColumnSplitTable", "HotColdTable", "EmbeddingTable"]
     dense_opt, emb_opt = make_optimizers(TrainConfig())
     step = TrainStep(model, MetaConfig(algo="maml", inner_steps=1, inner_lr=0.3), dense_opt, emb_opt,
-                     LocalSync(), hot=rows)
+                     LocalSync())
     rows.load(emb_opt)
     losses = [float(step.step(random_batch(schema, T=4, seed=s))["loss"]) for s in (1, 2)]
     assert all(np.isfinite(losses))
@@ -305,8 +305,9 @@ def test_prefetch_refuses_a_batch_it_did_not_read_ahead():
     model = _model_with_rows(schema, [b1, b2, b3])
     dense_opt, emb_opt = make_optimizers(TrainConfig(embedding_optimizer="adam"))
     ids = {"item": np.arange(0, 50, 2, dtype=np.int64)}
-    rows = HotRows(model, HotSet(ids, {"item": 0}, {"item": 1}, 0, 1), LocalSync(), "adam", 0.05, {"item": 100})
-    step = TrainStep(model, MetaConfig(algo="fomaml"), dense_opt, emb_opt, LocalSync(), hot=rows)
+    model.embeddings.use_hot(HotRows(model.tables, HotSet(ids, {"item": 0}, {"item": 1}, 0, 1), LocalSync(),
+                                     "adam", 0.05, {"item": 100}))
+    step = TrainStep(model, MetaConfig(algo="fomaml"), dense_opt, emb_opt, LocalSync())
     assert step.prefetching
     step.step(b1, b2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="prefetched cold rows belong to another batch"):

@@ -40,3 +40,47 @@ def test_the_contract_catches_an_upward_import(tmp_path):
                    "name = up\ntype = layers\nlayers =\n    gmeta_tf.data\n    gmeta_tf.config\n")
     r = _lint_imports(cfg, tmp_path)
     assert r.returncode != 0 and "gmeta_tf.config.schema -> gmeta_tf.data.prepare" in r.stdout, r.stdout
+
+
+TFRA = "tensorflow_recommenders_addons"
+# TFRA's internals are known to the embedding package alone (and the PS process loads its kernels).
+TFRA_ALLOWED = ("gmeta_tf/embedding/", "ps/")
+
+
+def tfra_importers(root: Path, folders=("gmeta_tf", "launch", "ps", "bench")) -> list:
+    """Every ``path:line`` under ``root`` that imports TFRA (``import``, ``from``, or
+    ``importlib.import_module`` / ``__import__`` of a constant name)."""
+    import ast
+
+    found = []
+    for folder in folders:
+        for f in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(f.read_text(), str(f))
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    names = [node.module]
+                elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                      and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")):
+                    names = [str(node.args[0].value)]
+                if any(n == TFRA or n.startswith(TFRA + ".") for n in names):
+                    found.append(f"{f.relative_to(root).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_only_the_embedding_package_and_the_ps_import_tfra():
+    outside = [hit for hit in tfra_importers(ROOT) if not hit.startswith(TFRA_ALLOWED)]
+    assert outside == [], f"TFRA imported outside gmeta_tf/embedding and ps/: {outside}"
+    assert any(hit.startswith("gmeta_tf/embedding/") for hit in tfra_importers(ROOT))
+
+
+def test_the_tfra_check_catches_every_import_form(tmp_path):
+    (tmp_path / "gmeta_tf" / "model").mkdir(parents=True)
+    (tmp_path / "gmeta_tf" / "model" / "a.py").write_text(
+        f"import {TFRA} as tfra\nfrom {TFRA}.dynamic_embedding import Variable\n"
+        f"import importlib\nimportlib.import_module('{TFRA}')\n")
+    (tmp_path / "gmeta_tf" / "model" / "b.py").write_text("import tensorflow\nNAMES = {'" + TFRA + "'}\n")
+    hits = tfra_importers(tmp_path, folders=("gmeta_tf",))
+    assert hits == ["gmeta_tf/model/a.py:1", "gmeta_tf/model/a.py:2", "gmeta_tf/model/a.py:4"]

@@ -91,9 +91,8 @@ def test_erm_loss_is_the_mean_sample_loss():
     model = _model(schema, batch)
     loss = float(erm_loss(model, batch))
     # Same number by hand: unadapted model on every real sample, squared error on scaled labels.
-    from gmeta_tf.model.sparse_features import lookup_batch
 
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=False, per_task=False)
+    sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
     errs = []
     for w in ("support", "query"):
         s = model.tower.forward(model.dense_variables, batch[w]["dense"], sparse.embed(w)).numpy()
@@ -107,13 +106,12 @@ def test_newton_head_is_the_ridge_fit_of_each_task():
     """One Newton step on the head for ratings is, per task, the ridge regression of the
     support residuals on [hidden, 1] with penalty λ‖Δ‖² (numpy's lstsq on the stacked system)."""
     from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
-    from gmeta_tf.model.sparse_features import lookup_batch
 
     schema = tiny_schema("rating")
     batch = random_batch(schema, T=T, seed=5)
     model = _model(schema, batch)
     lam = 3.0
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names, trainable=False, per_task=False)
+    sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
     adapted = model.adapted_names("head")
     fast0 = initial_fast_weights(model, sparse, adapted, T)
     spec = InnerLoopSpec(adapted=tuple(adapted), steps=1, lr=0.0, adapt_embeddings=False, embedding_lr=0.0,

@@ -8,12 +8,13 @@ import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
 
 from gmeta_tf.config.schema import MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.embedding.column_split import ColumnSplitTable
+from gmeta_tf.embedding.naming import local_namespace
+from gmeta_tf.embedding.table import EmbeddingTable
 from gmeta_tf.errors import UserError
 from gmeta_tf.meta.meta_step import TrainStep, maml_loss
 from gmeta_tf.meta.optimizers import make_optimizers
-from gmeta_tf.model.column_split import ColumnSplitTable
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.tables import EmbeddingTable, local_namespace
 from gmeta_tf.plan.placement_file import ColumnSplit
 from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.dense_sync import LocalSync

@@ -40,7 +40,8 @@ PROBE = textwrap.dedent('''
     ps = sys.argv[1].split(",")
     tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": ps}), job_name="probe",
                                               make_master_device_default=False)
-    from gmeta_tf.model.tables import EmbeddingTable, table_devices
+    from gmeta_tf.embedding.devices import table_devices
+    from gmeta_tf.embedding.table import EmbeddingTable
     out = {}
     for name, (tasks, dim) in json.loads(sys.argv[2]).items():
         # the planned PS, and the same shard names on the other PS (which must not hold them)

@@ -42,5 +42,5 @@ def test_nothing_references_a_folder_outside_the_clone():
 def test_the_scan_sees_code_tests_docs_and_makefile():
     seen = {str(rel) for rel, _ in _repo_files()}
     for must in ("Makefile", "README.md", "docs/architecture.md", "docs/kubernetes.md", "launch/k8s_render.py",
-                 "tests/test_k8s_render.py", "gmeta_tf/model/tables.py"):
+                 "tests/test_k8s_render.py", "gmeta_tf/embedding/table.py"):
         assert must in seen

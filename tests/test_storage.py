@@ -9,8 +9,8 @@ from gmeta_tf import storage
 from gmeta_tf.cli.main import cli
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import ConfigError
+from gmeta_tf.embedding.table_files import load_resplit
 from gmeta_tf.errors import CheckpointError
-from gmeta_tf.model.column_split import load_resplit
 
 
 def test_a_scheme_without_its_filesystem_names_the_path_and_the_fix():
@@ -42,3 +42,22 @@ def test_column_blocks_with_different_ids_cannot_be_joined():
     storage.write_bytes(f"{tables}/item.c1of2.npz", storage.npz_bytes(keys=np.array([1, 3]), values=np.ones((2, 2))))
     with pytest.raises(CheckpointError, match=r"item\.c1of2\.npz: its ids differ from item\.c0of2\.npz's"):
         load_resplit(tables, "item", ["item"])
+
+
+def test_replace_file_writes_whole_and_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    import os
+
+    from gmeta_tf.atomic_file import replace_file
+
+    f = tmp_path / "placement.yaml"
+    replace_file(f, "one\n")
+    replace_file(f, b"two\n")
+    assert f.read_text() == "two\n"
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError, match="No space"):
+        replace_file(f, "three\n")
+    assert f.read_text() == "two\n" and sorted(p.name for p in tmp_path.iterdir()) == ["placement.yaml"]

@@ -1,6 +1,6 @@
 """Regression tests for the TFRA hazards in docs/architecture.md that can be shown in one process.
 
-If a TFRA upgrade changes the private behaviour ``tables.py`` relies on, these fail first.
+If a TFRA upgrade changes the private behaviour ``embedding/naming.py`` relies on, these fail first.
 (The cross-process ones — PS tables shared by workers, concurrent creation — are in
 ``test_distributed.py`` with real PS processes.)
 """
@@ -9,10 +9,11 @@ import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
 
 from gmeta_tf.config.schema import MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.embedding.naming import local_namespace, shared_table_name
+from gmeta_tf.embedding.table import EmbeddingTable
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.tables import EmbeddingTable, local_namespace, shared_table_name
 from gmeta_tf.train.dense_sync import LocalSync
 
 CPU = ["/CPU:0"]
@@ -84,7 +85,7 @@ def test_every_tables_adam_moments_follow_the_recurrence():
     """m ← β1·m + (1-β1)·g for the rows a step touches, in every table, step after step.
 
     The optimizer state a checkpoint saves and a restore relies on is only right if every
-    table's slots are updated exactly once per step (``meta/optimizers.py``).
+    table's slots are updated exactly once per step (``embedding/optimizers.py``).
     """
     schema = tiny_schema()
     model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[4], top_mlp=[4]), schema)

@@ -5,8 +5,8 @@ connecting to a cluster rewires the whole TensorFlow eager context of a process;
 (``calibrate.py``) starts the PS and this client, and kills both when done.
 
 It does what a worker does to its tables, with the trainer's own pieces:
-``model.tables.EmbeddingTable`` (named cuckoo tables on ``/job:ps/task:0``, ``bp_v2`` updates),
-one ``DynamicEmbeddingOptimizer(Adam)`` per table (``meta.optimizers.TableOptimizers``), one
+``embedding.table.EmbeddingTable`` (named cuckoo tables on ``/job:ps/task:0``, ``bp_v2`` updates),
+one ``DynamicEmbeddingOptimizer(Adam)`` per table (``embedding.optimizers.TableOptimizers``), one
 unique lookup per table per step, all tables in one ``tf.function``. Tables are created one at a
 time and waited for (concurrent creation has crashed PS processes). Ids come from
 ``access.IdSampler``: fresh draws every step, so cold ids are inserted as in training.
@@ -28,7 +28,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-PS_DEVICE = "/job:ps/replica:0/task:0/device:CPU:0"
+from gmeta_tf.embedding.devices import ps_device
+
+PS_DEVICE = ps_device(0)
 DEFAULT_CAPACITY = 1 << 14  # rows a table is pre-sized for when the job gives no ``capacity``
 
 
@@ -49,8 +51,8 @@ def _all_vars(tables, opts):
 def _create(dims: List[int], capacity: List[int], namespace: str):
     from tensorflow.python.eager import context
 
-    from gmeta_tf.meta.optimizers import TableOptimizers
-    from gmeta_tf.model.tables import EmbeddingTable
+    from gmeta_tf.embedding.optimizers import TableOptimizers
+    from gmeta_tf.embedding.table import EmbeddingTable
 
     tables, opts = [], TableOptimizers("adam", 1e-3)
     for k, (dim, rows) in enumerate(zip(dims, capacity)):

@@ -141,7 +141,7 @@ def profile_cmd(directory, sample, exact_max_ids, top_k, config_path, overrides)
 
 def _profile(directory, sample, exact_max_ids, top_k, cfg):
     from gmeta_tf.data.id_profile import format_profile, profile_ids, write_profile
-    from gmeta_tf.hot.select import select_hot
+    from gmeta_tf.embedding.hot.select import select_hot
 
     profiles = profile_ids(directory, sample=sample, exact_max_ids=exact_max_ids, top_k=top_k)
     path = write_profile(directory, profiles, {"sample": sample, "exact_max_ids": exact_max_ids, "top_k": top_k})

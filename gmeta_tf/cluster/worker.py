@@ -5,7 +5,7 @@ model, the meta step or the checkpoint code knows whether it is distributed.
 
 * PS addresses come from ``cluster.ps`` (``--ps`` / ``--set``) or, in a TFJob pod, ``TF_CONFIG``.
 * Each worker is its own eager client (job ``worker<rank>``) of the ``ps`` job. TFRA tables are
-  placed on ``/job:ps/task:i`` by name (``model/tables.py``); a job-wide namespace makes every
+  placed on ``/job:ps/task:i`` by name (``embedding/naming.py``); a job-wide namespace makes every
   worker bind the same PS resources.
 * A PS that cannot be reached within ``cluster.connect_timeout_s`` is a ``ClusterError`` naming
   its address, not a hang.
@@ -61,8 +61,10 @@ def _touch_every_ps(n: int) -> None:
     """Run one op on each PS and wait for it: the remote context exists once this returns."""
     import tensorflow as tf
 
+    from gmeta_tf.embedding.devices import ps_device
+
     for t in range(n):
-        with tf.device(f"/job:ps/replica:0/task:{t}/device:CPU:0"):
+        with tf.device(ps_device(t)):
             value = tf.constant(1) + 1
         int(value.numpy())
 

@@ -328,7 +328,7 @@ def parse_bytes(value: Union[int, str], key: str) -> int:
 
 @dataclass
 class HotConfig:
-    """Hot/cold embedding split (``gmeta_tf/hot``): the most-looked-up rows live on every worker.
+    """Hot/cold embedding split (``gmeta_tf/embedding/hot``): the most-looked-up rows live on every worker.
 
     ``budget`` is per worker and counts each hot row with its optimizer slots (Adam: 3 × dim
     floats); 0 turns the split off and training is exactly the plain PS path. The rows are
@@ -340,7 +340,7 @@ class HotConfig:
     # Rows seen fewer times than this in the profile are never hot, whatever the budget.
     min_count: int = 1
     # Read the next batch's cold rows during this step and write this step's cold updates during
-    # the next (hot/prefetch.py): PS round-trips overlap compute. Exact for one worker; across
+    # the next (embedding/hot/prefetch.py): PS round-trips overlap compute. Exact for one worker; across
     # workers, others' updates arrive up to one step later. Off: cold rows take TFRA's shadow path.
     prefetch: bool = True
 

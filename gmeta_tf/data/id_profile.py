@@ -18,6 +18,7 @@ lookup-coverage curve (the share of lookups the hottest n rows serve).
 from __future__ import annotations
 
 import heapq
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Dict, Iterable, List, Optional
 import numpy as np
 import pyarrow.parquet as pq
 
+from gmeta_tf.atomic_file import replace_file
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 
@@ -212,9 +214,9 @@ def write_profile(data_dir: str | Path, profiles: Dict[str, TableProfile], meta:
         arrays[f"{t}.ids"], arrays[f"{t}.counts"] = p.ids, p.counts
         arrays[f"{t}.lookups"] = np.array(p.lookups, np.int64)
         arrays[f"{t}.complete"] = np.array(p.complete)
-    tmp = data_dir / (PROFILE_NPZ + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(data_dir / PROFILE_NPZ)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    replace_file(data_dir / PROFILE_NPZ, buf.getvalue())
     summary = {**meta, "tables": {t: {
         "method": p.method, "complete": p.complete, "lookups": p.lookups, "distinct": p.distinct, "recorded": int(len(p.ids)),
         "top": [[int(i), int(c)] for i, c in zip(p.ids[:10], p.counts[:10])],

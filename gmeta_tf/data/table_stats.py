@@ -8,7 +8,6 @@ training: the train split's support and query samples as written.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Dict, List
 
@@ -16,6 +15,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from gmeta_tf.atomic_file import replace_file
 from gmeta_tf.data import stats
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.task_format import load_schema
@@ -53,7 +53,5 @@ def update_schema(data_dir: str) -> Dict[str, Dict]:
     schema = load_schema(data_dir)
     schema[KEY] = table
     path = Path(data_dir) / fmt.SCHEMA_FILE
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(schema, indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(schema, indent=2) + "\n")
     return table

@@ -29,15 +29,13 @@ from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.adaptable import AdaptableModel
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import predictions
-from gmeta_tf.model.sparse_features import lookup_batch
 
 
 def query_predictions(model: AdaptableModel, cfg: Config, batch: dict, *, steps: int, lr: float,
                       adapt_set: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Query predictions before and after ``steps`` inner steps (``[T, Q]`` each)."""
     spec = InnerLoopSpec.from_meta(model, replace(cfg.meta, adapt=adapt_set)).for_evaluation(steps, lr)
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=False, per_task=spec.adapt_embeddings)
+    sparse = model.embeddings.lookup(batch, trainable=False, per_task=spec.adapt_embeddings)
     fast = initial_fast_weights(model, sparse, spec.adapted, tf.shape(batch["task_mask"])[0])
     q = batch["query"]
 

@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf import storage
+from gmeta_tf.embedding import table_files
 from gmeta_tf.errors import CheckpointError
-from gmeta_tf.model.column_split import load_resplit
 from gmeta_tf.train.checkpoint import CheckpointManager
 
 
@@ -55,16 +55,13 @@ def pick_checkpoint(run_dir: str, which: str = "best") -> str:
 
 def read_table(ckpt_dir: str, name: str) -> Tuple[np.ndarray, np.ndarray]:
     """Table ``name``'s ids ``[n]`` int64 and rows ``[n, dim]`` float32, whole: a table the
-    planner cut into column blocks is joined (``load_resplit``). Optimizer slot files
-    (``<table>.m.npz`` ...) are never read."""
-    tables_dir = storage.join(ckpt_dir, "tables")
+    planner cut into column blocks is joined. The file format has one owner,
+    ``embedding.table_files``; optimizer slot files (``<table>.m.npz`` ...) are never read."""
+    tables_dir = storage.join(ckpt_dir, table_files.TABLES_DIR)
     try:
-        got = load_resplit(tables_dir, name, [name])
+        keys, values = table_files.read_table(ckpt_dir, name)
     except (KeyError, ValueError, OSError) as e:
         raise CheckpointError(f"{tables_dir}: table {name!r} cannot be read: {str(e).splitlines()[0]}") from None
-    if got is None:
-        raise CheckpointError(f"checkpoint {ckpt_dir} has no table file tables/{name}.npz (nor its column blocks)")
-    keys, values = got
     if keys.ndim != 1 or values.ndim != 2 or len(keys) != len(values):
         raise CheckpointError(f"{tables_dir}: table {name!r} has ids of shape {keys.shape} and rows of "
                               f"shape {values.shape}; expected [n] and [n, dim]")

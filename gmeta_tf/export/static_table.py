@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops.lookup_ops import TableInitializerBase
 
-from gmeta_tf.model.tables import UniqueLookup
+from gmeta_tf.embedding.table import UniqueLookup
 
 
 class _IdsFromVariable(TableInitializerBase):

@@ -28,10 +28,10 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
+from gmeta_tf.embedding.lookup import FeatureRows, SparseState
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, task_losses
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import per_sample_loss
-from gmeta_tf.model.sparse_features import FeatureRows, SparseState
 
 # The per-sample fields of a task batch the dense math reads (ids never enter it: positions do).
 _SAMPLE_KEYS = ("dense", "label", "mask")

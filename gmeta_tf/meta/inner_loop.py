@@ -3,7 +3,7 @@
 Adapted dense weights are tiled to ``[T, ...]`` (one copy per task) and the tower runs with a
 batched matmul; since the task losses are independent, the gradient of their *sum* w.r.t. the
 tiled weights is each task's own gradient. Embedding rows adapt the same way on per-task row
-copies (``sparse_features.lookup_batch(per_task=True)``), as ``e - α·∂L_support/∂e`` on the
+copies (``Embeddings.lookup(per_task=True)``), as ``e - α·∂L_support/∂e`` on the
 looked-up tensor: an optimizer never runs in the inner loop, so the PS tables are untouched.
 
 ``second_order=True`` leaves the inner gradients differentiable, so an enclosing tape gets the
@@ -22,9 +22,9 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
+from gmeta_tf.embedding.lookup import SparseState
 from gmeta_tf.model.adaptable import AdaptableModel
 from gmeta_tf.model.heads import per_task_loss
-from gmeta_tf.model.sparse_features import SparseState
 
 
 @dataclass(frozen=True)

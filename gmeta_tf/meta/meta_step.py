@@ -21,21 +21,18 @@ from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.meta.dense_step import DenseStep, erm_objective, jit_enabled, maml_objective, padded_rows
 from gmeta_tf.meta.inner_loop import InnerLoopSpec
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.sparse_features import lookup_batch
 
 
 def maml_loss(model: DLRM, meta: MetaConfig, batch: dict) -> tf.Tensor:
     """Mean query loss after adapting on the support set (recorded by an enclosing tape)."""
     spec = InnerLoopSpec.from_meta(model, meta)
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=True, per_task=spec.adapt_embeddings)
+    sparse = model.embeddings.lookup(batch, trainable=True, per_task=spec.adapt_embeddings)
     return maml_objective(model, spec, model.dense_variables, sparse, batch)
 
 
 def erm_loss(model: DLRM, batch: dict) -> tf.Tensor:
     """Plain mini-batch loss over every support and query sample of the batch."""
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=True, per_task=False)
+    sparse = model.embeddings.lookup(batch, trainable=True, per_task=False)
     return erm_objective(model, model.dense_variables, sparse, batch)
 
 
@@ -48,18 +45,16 @@ def loss_fn(model: DLRM, meta: MetaConfig):
 class TrainStep:
     """Builds the compiled step. ``gradients`` is exposed (uncompiled) for the tests."""
 
-    def __init__(self, model: DLRM, meta: MetaConfig, dense_opt, emb_opt, sync, hot=None):
+    def __init__(self, model: DLRM, meta: MetaConfig, dense_opt, emb_opt, sync):
         self.model = model
-        # Hot/cold split (gmeta_tf/hot): worker-local hot rows, trained in the same step.
-        self.hot = hot
-        self.hot_vars: List[tf.Variable] = hot.variables if hot is not None else []
-        self.cold_vars: List[tf.Variable] = []  # prefetched cold rows (hot/prefetch.py)
+        # Every table, its hot tier (worker-local hot rows, trained in the same step) and the
+        # cold-row prefetch: gmeta_tf/embedding/collection.py.
+        self.embeddings = model.embeddings
         self.meta = meta
         self.dense_opt = dense_opt
         self.emb_opt = emb_opt
         self.sync = sync
         self.dense_vars: List[tf.Variable] = list(model.dense_variables.values())
-        self.shadows = model.trainable_shadows()
         self._loss = loss_fn(model, meta)
         # meta.jit_compile: the dense math between the lookups and the applies as one XLA program.
         self._dense_step = DenseStep(model, meta) if jit_enabled(meta) else None
@@ -67,11 +62,9 @@ class TrainStep:
         # restored from a checkpoint then hold the same optimizer state in the same layout
         # (TFRA's optimizer builds its slot tables differently when created while tracing).
         dense_opt.build(self.dense_vars)
-        emb_opt.build(model.shadows_by_table())
-        if hot is not None:
-            hot.attach(emb_opt)  # the prefetch needs the slot tables built just above
-            self.cold_vars = hot.cold_variables
-            self.shadows = hot.remote_shadows(model.trainable_shadows())
+        model.embeddings.build_slots(emb_opt)  # and the hot tier's prefetch, which reads them
+        self.rows = model.embeddings.trainable()
+        self.shadows, self.hot_vars, self.cold_vars = self.rows.shadows, self.rows.hot, self.rows.cold
         # A name unique to this process: with PS tables the step's graph is partitioned and its
         # PS parts are registered on the parameter servers under names derived from this one,
         # so the functions different workers register on a shared PS never share a name (and a
@@ -84,8 +77,8 @@ class TrainStep:
             return self._step_ahead(batch, next_batch)
 
         def prime(batch):
-            self.hot.flush_ops()
-            self.hot.store(self.hot.fetch(batch, model.cat_names, model.multi_names))
+            self.embeddings.write_behind()
+            self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
 
         tag = f"r{sync.rank}_p{os.getpid()}"
         step.__name__ = f"gmeta_train_step_{tag}"
@@ -134,8 +127,8 @@ class TrainStep:
         lookups, and the compiled row gradients are chained back through them."""
         dense = self._dense_step
         with tf.GradientTape() as tape:
-            sparse = lookup_batch(self.model.tables, batch, self.model.cat_names, self.model.multi_names,
-                                  trainable=True, per_task=dense.spec.adapt_embeddings and not dense.erm)
+            sparse = self.embeddings.lookup(batch, trainable=True,
+                                            per_task=dense.spec.adapt_embeddings and not dense.erm)
             rows = padded_rows(sparse)
         loss, row_grads, dense_grads = dense.run(rows, sparse, batch)
         grads = tape.gradient(rows, self.shadows + self.hot_vars + self.cold_vars, output_gradients=row_grads,
@@ -147,10 +140,7 @@ class TrainStep:
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
         dense_grads = self.sync.allreduce(dense_grads)
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
-        done = None
-        if self.hot is not None:  # before the tables' apply: it reads their step counters
-            done = self.hot.apply(hot_grads, self.emb_opt, cold_grads)
-        self.emb_opt.apply_gradients(zip(emb_grads, self.shadows))
+        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads)
         return loss, done
 
     def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
@@ -161,8 +151,8 @@ class TrainStep:
         """The step with prefetching tables: last step's cold writes, then the next batch's cold
         reads, go to the PS first; nothing of this batch's compute waits on them, so they run
         alongside it. The buffers are refilled (and patched with this step's updates) last."""
-        self.hot.flush_ops()
-        ahead = self.hot.fetch(next_batch, self.model.cat_names, self.model.multi_names)
+        self.embeddings.write_behind()
+        ahead = self.embeddings.read_ahead(next_batch)
         loss, done = self._apply(batch)
-        self.hot.store(ahead, done)
+        self.embeddings.keep_ahead(ahead, done)
         return {"loss": loss}

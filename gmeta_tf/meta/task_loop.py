@@ -14,9 +14,9 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
+from gmeta_tf.embedding.lookup import SparseState
 from gmeta_tf.meta.inner_loop import FastWeights, InnerLoopSpec, adapt, task_losses
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.sparse_features import SparseState, lookup_batch
 
 
 def _task_slice(tree, t: int):
@@ -34,8 +34,7 @@ def _task_sparse(sparse: SparseState, t: int) -> SparseState:
 
 
 def maml_loss_task_loop(model: DLRM, meta: MetaConfig, batch: dict, num_tasks: int) -> tf.Tensor:
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=True, per_task=False)
+    sparse = model.embeddings.lookup(batch, trainable=True, per_task=False)
     spec = InnerLoopSpec.from_meta(model, meta)
     total = 0.0
     for t in range(num_tasks):  # the Python loop over tasks this module exists to measure
@@ -53,8 +52,7 @@ def maml_loss_task_while_loop(model: DLRM, meta: MetaConfig, batch: dict) -> tf.
     single-task MAML code runs: tasks one after another, with no unrolling that would let the
     runtime execute several tasks' ops side by side.
     """
-    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
-                          trainable=True, per_task=False)
+    sparse = model.embeddings.lookup(batch, trainable=True, per_task=False)
     spec = InnerLoopSpec.from_meta(model, meta)
     num_tasks = tf.shape(batch["task_mask"])[0]
     rows = sparse.rows()

@@ -16,7 +16,7 @@ from gmeta_tf.model.dense_tower import DenseTower
 
 
 class LookupTable(Protocol):
-    """One feature's rows: ``lookup_unique`` as ``tables.EmbeddingTable`` defines it (pad ids
+    """One feature's rows: ``lookup_unique`` as ``embedding.table.Table`` defines it (the narrower part scoring reads) (pad ids
     < 0 give a zero row; non-trainable lookups give zeros for ids the table does not hold)."""
 
     name: str

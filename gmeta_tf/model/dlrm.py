@@ -11,12 +11,13 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
+from gmeta_tf.embedding.collection import Embeddings, create_tables
+from gmeta_tf.embedding.naming import local_namespace
+from gmeta_tf.embedding.table import EmbeddingTable, Table
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.model.adaptable import TowerModel, label_scaling
-from gmeta_tf.model.column_split import ColumnSplitTable, storage_tables
 from gmeta_tf.model.dense_tower import DenseTower
-from gmeta_tf.model.tables import EmbeddingTable, local_namespace, table_devices
-from gmeta_tf.plan.placement_file import ColumnSplit, TablePlacement
+from gmeta_tf.plan.placement_file import TablePlacement
 
 
 class DLRM(TowerModel):
@@ -35,28 +36,24 @@ class DLRM(TowerModel):
         if unknown:  # a typo would otherwise silently leave the table row-sharded over every PS
             raise ClusterError(f"cluster.placement names table(s) {unknown} that the data does not have "
                                f"(tables: {', '.join(self.table_names)})")
-        self.tables: List[EmbeddingTable | ColumnSplitTable] = []
         rows = {c["name"]: int(c.get("cardinality", 0)) for c in schema["categorical"] + schema["multi_hot"]}
-        for i, name in enumerate(self.table_names):
-            spec = placement.get(name)
-            if isinstance(spec, ColumnSplit):  # planner's column split: n tables of dim d/n
-                self.tables.append(ColumnSplitTable(
-                    name, cfg.embedding_dim, spec.columns, ps_tasks, self.namespace, cfg.init_stddev,
-                    seed=cfg.seed + i, bp_v2=bp_v2, expected_rows=rows.get(name, 0)))
-                continue
-            self.tables.append(EmbeddingTable(
-                name, cfg.embedding_dim, table_devices(ps_tasks, spec),
-                self.namespace, cfg.init_stddev, seed=cfg.seed + i, bp_v2=bp_v2,
-                expected_rows=rows.get(name, 0)))
+        # Every table of the model, for its whole life (gmeta_tf/embedding/collection.py).
+        self.embeddings = Embeddings(
+            create_tables(self.table_names, cfg.embedding_dim, namespace=self.namespace, ps_tasks=ps_tasks,
+                          placement=placement, init_stddev=cfg.init_stddev, seed=cfg.seed, bp_v2=bp_v2,
+                          expected_rows=rows),
+            self.cat_names, self.multi_names)
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
         self.label_mean, self.label_std = label_scaling(schema)
 
+    @property
+    def tables(self) -> List[Table]:
+        """The feature-level tables (``embeddings.tables``): plain, column-split or hot/cold."""
+        return self.embeddings.tables
+
     def storage_tables(self) -> List[EmbeddingTable]:
         """The TFRA tables themselves (a column-split table is several): train, save, size these."""
-        return storage_tables(self.tables)
+        return self.embeddings.storage()
 
     def trainable_shadows(self) -> List[tf.Variable]:
-        return [t.shadow for t in self.storage_tables()]
-
-    def shadows_by_table(self) -> Dict[str, tf.Variable]:
-        return {t.name: t.shadow for t in self.storage_tables()}
+        return self.embeddings.shadows()

@@ -40,6 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from gmeta_tf.atomic_file import replace_file
 from gmeta_tf.errors import UserError
 from gmeta_tf.plan.access import expected_distinct, lookups_per_step
 from gmeta_tf.plan.spec import Shard
@@ -201,9 +202,7 @@ class CostModel:
 def save_model(doc: Dict, path: str) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=None, separators=(",", ":")))
-    tmp.replace(p)
+    replace_file(p, json.dumps(doc, indent=None, separators=(",", ":")))
 
 
 @functools.lru_cache(maxsize=8)

@@ -10,7 +10,7 @@ Format (``cluster.placement`` points at it)::
       user:   {columns: [[0, 1], [2]]}  # a block may itself be row-sharded over several PS
 
 A column-split table of dim ``d`` with ``n`` blocks needs ``d % n == 0``; block ``i`` holds
-dims ``[i*d/n, (i+1)*d/n)`` and is its own TFRA table (``model/column_split.py``). Tables the
+dims ``[i*d/n, (i+1)*d/n)`` and is its own TFRA table (``embedding/column_split.py``). Tables the
 file does not name are row-sharded over every PS, as without a placement file.
 
 Why one module: the planner writes what the trainer reads, so the parser, the validation and
@@ -18,12 +18,12 @@ the writer live together and a format change cannot reach only one side.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Union
 
 import yaml
 
+from gmeta_tf.atomic_file import replace_file
 from gmeta_tf.errors import ClusterError
 
 
@@ -105,7 +105,4 @@ def write_placement(path: str, placement: Dict[str, TablePlacement], header: str
     """Write atomically (temp file + rename): a trainer never reads half a placement."""
     text = "".join(f"# {line}\n" for line in header.splitlines())
     text += yaml.safe_dump(to_doc(placement), sort_keys=False, default_flow_style=None)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    replace_file(path, text)

@@ -13,10 +13,9 @@ newest complete one. How "written last" is made safe depends on the storage (``g
   commit. A crash leaves a prefix without ``meta.json``, which ``latest``/``restore`` ignore
   and the next save removes; ``latest`` is a single small object written after the commit.
 
-Tables are exported row by row (``de.Variable.export``) rather than through TF's saveables, so
-the same code saves local tables and tables sharded over parameter servers (rank 0 pulls the
-rows from every PS), and a restore can re-shard onto a different number of PS. The optimizer
-slot tables (Adam's m and v) are saved next to their table, so training resumes exactly.
+The table files (rows and optimizer slots of every TFRA table) are written and read by the
+embedding package (``model.embeddings.export`` / ``restore``, format in
+``embedding/table_files.py``), so training resumes exactly and can re-shard.
 
 ``meta.json`` also lists every other file of the checkpoint with its sha256 (``files``), so a
 damaged checkpoint (a truncated table, a flipped byte, a half-copied directory) is named with
@@ -38,9 +37,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf import storage as store
 from gmeta_tf.errors import CheckpointError
-from gmeta_tf.model.column_split import load_resplit, sync_block_iterations, table_iterations
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.model.tables import export_variable, import_variable
 
 LATEST = "latest"
 # Names the checkpoint of the best validation step (train.eval_every); pruning never removes it.
@@ -64,11 +61,6 @@ def _sha256(path: str) -> str:
     return hashlib.sha256(store.read_bytes(path)).hexdigest()
 
 
-def _slot_key(table_name: str, slot_var) -> str:
-    # Slot variables are named "<table var>/<shadow>/<slot>" (e.g. ".../m"); keep the slot part.
-    return f"{table_name}.{slot_var.name.rsplit('/', 1)[-1]}"
-
-
 class CheckpointManager:
     def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3,
                  log=print):
@@ -83,12 +75,12 @@ class CheckpointManager:
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         # Optimizers must own their variables before a restore can fill them.
         dense_opt.build(list(model.dense_variables.values()))
-        emb_opt.build(model.shadows_by_table())
+        model.embeddings.build_slots(emb_opt)
         self._tf_ckpt = tf.train.Checkpoint(
             step=self.step,
             dense={k.replace("/", "."): v for k, v in model.dense_variables.items()},
             dense_optimizer=dense_opt,
-            embedding_optimizer_iterations=table_iterations(model, emb_opt),
+            embedding_optimizer_iterations=model.embeddings.step_counters(),
         )
 
     # -- listing ------------------------------------------------------------------------------
@@ -160,14 +152,6 @@ class CheckpointManager:
         return path
 
     # -- save ---------------------------------------------------------------------------------
-    def tables_to_save(self) -> Dict[str, object]:
-        out = {}
-        for table in self.model.storage_tables():  # column-split tables: every block
-            out[table.name] = table.variable
-            for slot in table.slot_variables(self.emb_opt.for_shadow(table.shadow)):
-                out[_slot_key(table.name, slot)] = slot
-        return out
-
     def save(self, step: int, extra: Optional[dict] = None, files: Optional[Dict[str, str]] = None) -> str:
         local = store.is_local(self.dir)
         store.makedirs(self.dir)
@@ -182,15 +166,10 @@ class CheckpointManager:
             store.rmtree(store.join(final, "meta.json"))
             store.rmtree(final)
         try:
-            store.makedirs(store.join(target, "tables"))
+            store.makedirs(target)
             self.step.assign(step)
             self._tf_ckpt.write(store.join(target, "dense"))
-            rows = {}
-            for key, var in self.tables_to_save().items():
-                keys, values = export_variable(var)
-                store.write_bytes(store.join(target, "tables", f"{key}.npz"),
-                                  store.npz_bytes(keys=keys, values=values))
-                rows[key] = int(len(keys))
+            rows = self.model.embeddings.export(target)
             for rel, text in (files or {}).items():
                 store.write_text(store.join(target, rel), text)
             sums = {rel: _sha256(store.join(target, rel)) for rel in _files_under(target)}
@@ -270,18 +249,6 @@ class CheckpointManager:
             raise CheckpointError(
                 f"checkpoint {path} does not match this model's dense weights "
                 f"(was it written with another model config?): {str(e).splitlines()[0]}") from None
-        sync_block_iterations(self.model, self.emb_opt)
-        for key, var in self.tables_to_save().items():
-            f = store.join(path, "tables", f"{key}.npz")
-            if store.exists(f):
-                data = store.load_npz(f)
-                keys, values = data["keys"], data["values"]
-            else:  # saved under another column split of the table (plan changed, or evaluation)
-                got = load_resplit(store.join(path, "tables"), key, self.model.table_names)
-                if got is None:
-                    raise CheckpointError(f"checkpoint {path} has no table file {store.basename(f)}")
-                keys, values = got
-            var.clear()
-            import_variable(var, keys, values)
+        self.model.embeddings.restore(path)
         self.restored, self.restored_meta = path, meta
         return int(meta["step"])

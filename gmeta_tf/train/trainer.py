@@ -4,6 +4,13 @@
 tasks); nothing else differs between one process and N Horovod workers with M PS: the same
 model, the same compiled step, the same checkpoint format. Rank 0 alone writes checkpoints,
 summaries and the run's files.
+
+``train`` is its phases, in order: ``_prepare`` (config, schema, metric), ``build_tables_once``
+(model, optimizers, embedding tables and slots, compiled step, checkpoint manager),
+``_restore`` (rank 0 reads the newest checkpoint, every rank learns its step),
+``_start_tracker`` (validation state and an early stop already reached), ``_share_start_state``
+(every replica starts from rank 0's weights and hot rows), ``_loop`` (steps, logging,
+validation, checkpoints) and ``_finish`` (summary and per-rank files).
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import json
 import math
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -21,7 +29,7 @@ import gmeta_tf  # noqa: F401
 from gmeta_tf import storage
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
-from gmeta_tf.hot.rows import build_hot_rows
+from gmeta_tf.embedding.devices import ps_task_of, ps_tasks_named
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.metaio.reader import load_schema, make_dataset
@@ -45,52 +53,53 @@ def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
     return model
 
 
-def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
-    model = build_model(cfg, schema, rt)
+@dataclass
+class Built:
+    """What ``build_tables_once`` builds: everything a run trains, restores and saves."""
+
+    model: DLRM
+    dense_opt: object
+    emb_opt: object
+    step_fn: TrainStep
+    ckpt: CheckpointManager
+
+    def __iter__(self):  # model, dense_opt, emb_opt, step_fn, ckpt = build_tables_once(...)
+        return iter((self.model, self.dense_opt, self.emb_opt, self.step_fn, self.ckpt))
+
+
+def _build(cfg: Config, schema: dict, rt: Runtime, run_dir: str) -> Built:
+    model = build_model(cfg, schema, rt)  # creates the embedding tables
     dense_opt, emb_opt = make_optimizers(cfg.train, rt.size)
-    hot = build_hot_rows(cfg, model, rt.sync, log=rt.log)  # None unless hot.budget > 0
-    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync, hot=hot)  # creates the slot tables
+    # The hot tier (hot.budget > 0), then every table's optimizer and slot tables, then the
+    # prefetch that reads them: the order is Embeddings.assemble's.
+    model.embeddings.assemble(cfg, emb_opt, rt.sync, log=rt.log)
+    step_fn = TrainStep(model, cfg.meta, dense_opt, emb_opt, rt.sync)
     ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt,
                              keep=cfg.train.keep_checkpoints)
-    return model, dense_opt, emb_opt, step_fn, ckpt
+    return Built(model, dense_opt, emb_opt, step_fn, ckpt)
 
 
-def build_tables_once(cfg: Config, schema: dict, rt: Runtime, run_dir: str):
+def build_tables_once(cfg: Config, schema: dict, rt: Runtime, run_dir: str) -> Built:
     """Rank 0 creates the PS tables and their optimizer slot tables; the others then bind to them.
 
-    Every table has a deterministic shared name (``model/tables.py``), so a rank that builds the
-    model after rank 0 finds each resource on the PS and binds to it instead of creating it: the
-    tables exist once, whatever the number of workers, and start-up costs two builds' time, not
-    one per rank. The other ranks build at the same time; that is safe because the PS crash once
-    blamed on concurrent creation was the eager-context race that ``worker.connect_rank0_first``
-    avoids (docs/startup.md). With local tables (no PS) there is nothing to share.
+    Every table has a deterministic shared name (``embedding/naming.py``), so a rank that builds
+    the model after rank 0 finds each resource on the PS and binds to it instead of creating it:
+    the tables exist once, whatever the number of workers, and start-up costs two builds' time,
+    not one per rank. The other ranks build at the same time; that is safe because the PS crash
+    once blamed on concurrent creation was the eager-context race that
+    ``worker.connect_rank0_first`` avoids (docs/startup.md). With local tables (no PS) there is
+    nothing to share.
     """
     if rt.ps_tasks == 0:
         return _build(cfg, schema, rt, run_dir)
     built = None
     if rt.rank == 0:
         built = _build(cfg, schema, rt, run_dir)
-        _wait_for_ps(built[0], built[2])
+        built.model.embeddings.wait_until_created()
     rt.sync.barrier()
     if rt.rank != 0:
         built = _build(cfg, schema, rt, run_dir)
     return built
-
-
-def _wait_for_ps(model: DLRM, emb_opt) -> None:
-    """Block until the PS has really executed this rank's table creation.
-
-    Remote eager ops are *enqueued*: Python returns before the PS ran them, so without this the
-    barrier could let the other ranks bind before rank 0's tables exist. Reading every table's
-    and slot table's size is answered only after the creation ops ahead of it in the stream.
-    """
-    from tensorflow.python.eager import context
-
-    for table in model.storage_tables():
-        for var in [table.variable, *table.slot_variables(emb_opt.for_shadow(table.shadow))]:
-            for shard in range(len(var.devices)):
-                int(var.size(shard).numpy())
-    context.async_wait()
 
 
 def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume: bool = True,
@@ -100,120 +109,201 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     propagates."""
     rt = rt or Runtime()
     run_dir = str(run_dir)
+    schema, metric = _prepare(cfg, rt)
+    built = build_tables_once(cfg, schema, rt, run_dir)
+    built.ckpt.log = rt.log
+    start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume)
+    tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
+    _share_start_state(rt, built)
+    run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation)
+    return _finish(cfg, rt, run_dir, built, tracker, run)
+
+
+def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
+    """The prepared data's schema and the metric validation reports (checked before anything is
+    built: a metric validation can't report fails here)."""
     absolute_data_path(cfg)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
-    metric = resolve_metric(cfg, schema["label"]["kind"])  # a metric validation can't report fails here
-    model, dense_opt, emb_opt, step_fn, ckpt = build_tables_once(cfg, schema, rt, run_dir)
-    ckpt.log = rt.log
+    return schema, resolve_metric(cfg, schema["label"]["kind"])
+
+
+def _restore(cfg: Config, rt: Runtime, run_dir: str, schema: dict, ckpt: CheckpointManager,
+             resume: bool) -> int:
+    """The step to start after, agreed by every rank. Rank 0 alone restores: with PS tables it
+    refills them (every rank shares them). The run's config is written only after a resume was
+    accepted: a refused resume must leave it as it was."""
     start = 0
     if rt.rank == 0:
         storage.makedirs(run_dir)
-        # Rank 0 alone restores: with PS tables it refills them (every rank shares them).
         if resume:
             start = ckpt.restore()
             if start:
                 check_data(ckpt.restored_meta, schema, cfg.data.path, ckpt.restored, "resume")
                 check_steps(start, cfg.train.steps, ckpt.restored)
                 rt.log(f"resumed from {ckpt.restored} at step {start}")
-        # Only now: a refused resume must leave the run's config as it was.
         dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
-    start = rt.sync.broadcast_int(start)
+    return rt.sync.broadcast_int(start)
+
+
+def _start_tracker(cfg: Config, rt: Runtime, ckpt: CheckpointManager, metric: str,
+                   start: int) -> tuple[BestTracker, bool]:
+    """The validation tracker as the restored checkpoint left it, and whether that run already
+    stopped early (then there is nothing more to train)."""
     tracker = BestTracker.from_state((ckpt.restored_meta or {}).get("validation") if start else None,
                                      metric, cfg.train.early_stop_patience)
-    validating = cfg.train.eval_every > 0
-    stopped = rt.sync.broadcast_int(int(validating and tracker.should_stop))
+    stopped = rt.sync.broadcast_int(int(cfg.train.eval_every > 0 and tracker.should_stop))
     if stopped and rt.rank == 0:
         rt.log(f"this run stopped early at step {start} (best {tracker.metric} {tracker.best_value:.4f} "
                f"at step {tracker.best_step}); nothing more to train")
-    hot = step_fn.hot
-    if hot is not None:
-        hot.check_same_everywhere(rt.sync)
-        if rt.rank == 0:  # from the (restored) PS tables; the broadcast below hands them out
-            hot.load(emb_opt)
-    rt.sync.broadcast_variables(list(model.dense_variables.values()) + list(dense_opt.variables)
-                                + list(emb_opt.iterations().values())
-                                + (hot.state_variables if hot is not None else []))
+    return tracker, bool(stopped)
 
+
+def _share_start_state(rt: Runtime, built: Built) -> None:
+    """Every replica starts from rank 0's dense weights, optimizer state and hot rows."""
+    embeddings = built.model.embeddings
+    if embeddings.hot is not None:
+        embeddings.hot.check_same_everywhere(rt.sync)
+    if rt.rank == 0:  # from the (restored) PS tables; the broadcast below hands them out
+        embeddings.load_hot()
+    rt.sync.broadcast_variables(list(built.model.dense_variables.values()) + list(built.dense_opt.variables)
+                                + embeddings.replicated_state())
+
+
+@dataclass
+class _Window:
+    """Loss and throughput between two log lines; the first step (tracing) is kept out."""
+
+    tasks_per_batch: int
+    t0: Optional[float] = None
+    steps: int = 0
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    tasks_per_s: float = float("nan")
+    total_time: float = 0.0
+    total_steps: int = 0
+
+    def add(self, loss: float) -> None:
+        self.loss_sum, self.loss_n = self.loss_sum + loss, self.loss_n + 1
+        if self.t0 is None:  # the first step traces and compiles: keep it out of throughput
+            self.t0, self.steps = time.perf_counter(), 0
+            self.loss_sum, self.loss_n = loss, 1
+        else:
+            self.steps += 1
+
+    def close(self) -> float:
+        """The window's mean loss; updates ``tasks_per_s`` and starts the next window."""
+        elapsed = time.perf_counter() - self.t0
+        if self.steps:
+            self.tasks_per_s = self.steps * self.tasks_per_batch / elapsed
+            self.total_time, self.total_steps = self.total_time + elapsed, self.total_steps + self.steps
+        mean_loss = self.loss_sum / max(self.loss_n, 1)
+        self.t0, self.steps, self.loss_sum, self.loss_n = time.perf_counter(), 0, 0.0, 0
+        return mean_loss
+
+    @property
+    def rank_tasks_per_s(self) -> float:
+        return (self.total_steps * self.tasks_per_batch / self.total_time) if self.total_time else float("nan")
+
+
+@dataclass
+class _Run:
+    """What the loop leaves for the summary."""
+
+    start: int
+    end: int
+    last_step: int
+    stopped: bool
+    window: _Window
+    history: list = field(default_factory=list)
+    writer: object = None
+
+
+def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tracker: BestTracker,
+          start: int, stopped: bool, on_validation: Optional[OnValidation]) -> _Run:
+    """Train steps ``start+1 .. train.steps`` (none when already stopped), logging every
+    ``log_every``, validating every ``eval_every`` and checkpointing as configured."""
     history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(storage.join(run_dir, "tb")) if rt.rank == 0 else None
     ds = make_dataset(cfg.data.path, "train", cfg.data, rank=rt.rank, size=rt.size, training=True)
     # The pipeline is deterministic (seeded shuffles, ordered interleave), so skipping the
     # batches already trained on makes a resumed run see exactly the data it would have seen.
     it = iter(ds.skip(start))
-    T = cfg.data.tasks_per_batch
-    window_t0, window_steps = None, 0
-    loss_sum, loss_n = 0.0, 0
-    tasks_per_s = float("nan")
-    total_time, total_steps = 0.0, 0
+    window = _Window(cfg.data.tasks_per_batch)
+    validating = cfg.train.eval_every > 0
     end = start if stopped else cfg.train.steps
     upcoming = next(it) if start < end else None
+    step = start
     for step in range(start + 1, end + 1):
         # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
         batch, upcoming = upcoming, (next(it) if step < end else None)
-        try:
-            out = step_fn.step(batch, upcoming)
-        except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
-                tf.errors.InternalError, tf.errors.UnknownError) as e:
-            if rt.ps_tasks:
-                raise step_failure_error(e, rt, step) from None
-            raise
-        except tf.errors.InvalidArgumentError as e:  # a local-only hot table met an unprofiled id
-            found = re.search(r"hot table \S+: an id outside the hot set[^\]\n]*", str(e))
-            if found:
-                from gmeta_tf.errors import DataError
-
-                raise DataError(f"rank {rt.rank}, step {step}: {found.group(0)}") from None
-            raise
-        loss = float(out["loss"])
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {step}; lower the learning rates")
-        loss_sum, loss_n = loss_sum + loss, loss_n + 1
-        if window_t0 is None:  # the first step traces and compiles: keep it out of throughput
-            window_t0, window_steps = time.perf_counter(), 0
-            loss_sum, loss_n = loss, 1
-        else:
-            window_steps += 1
+        loss = _train_step(rt, built, step, batch, upcoming)
+        window.add(loss)
         last = step == cfg.train.steps
         if step % cfg.train.log_every == 0 or last:
-            elapsed = time.perf_counter() - window_t0
-            if window_steps:
-                tasks_per_s = window_steps * T / elapsed
-                total_time, total_steps = total_time + elapsed, total_steps + window_steps
-            mean_loss = loss_sum / max(loss_n, 1)
-            history.append({"step": step, "loss": mean_loss, "tasks_per_s": tasks_per_s})
-            line = (f"step {step}/{cfg.train.steps} loss {mean_loss:.4f} "
-                    f"tasks/s {tasks_per_s:,.0f} (rank {rt.rank})")
-            if rt.size > 1:
-                agg = rt.sync.allreduce_scalar(tasks_per_s if math.isfinite(tasks_per_s) else 0.0)
-                line += f" aggregate tasks/s {agg:,.0f}"
-            rt.log(line)
-            if writer is not None:
-                with writer.as_default():
-                    tf.summary.scalar("loss", mean_loss, step=step)
-                    tf.summary.scalar("tasks_per_s", tasks_per_s, step=step)
-            window_t0, window_steps, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
+            _log_window(cfg, rt, window, step, history, writer)
         improved = False
         if validating and (step % cfg.train.eval_every == 0 or last):
-            improved = _validation_point(cfg, model, rt, hot, tracker, step, writer, on_validation)
-            stopped = rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0)
+            improved = _validation_point(cfg, built.model, rt, tracker, step, writer, on_validation)
+            stopped = bool(rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0))
         if improved or stopped or step % cfg.train.checkpoint_every == 0 or last:
             meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
                     "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
-            path = _save_checkpoint(ckpt, rt, hot, emb_opt, step, meta, checkpoint_files(cfg))
+            path = _save_checkpoint(built, rt, step, meta, checkpoint_files(cfg))
             if improved and rt.rank == 0:
-                ckpt.mark_best(path, tracker.summary())
+                built.ckpt.mark_best(path, tracker.summary())
         if stopped:
             if rt.rank == 0:
                 rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "
                        f"{tracker.since_best} validations; best {tracker.best_value:.4f} at step {tracker.best_step}")
             break
-    rank_tps = (total_steps * T / total_time) if total_time else float("nan")
+    return _Run(start, end, step if start < end else start, stopped, window, history, writer)
+
+
+def _train_step(rt: Runtime, built: Built, step: int, batch: dict, upcoming: Optional[dict]) -> float:
+    """One compiled step; its loss. Failures become one-line errors: a lost PS or peer worker
+    (``step_failure_error``), an embedding-side error (typed by ``Embeddings.step_errors``), a
+    non-finite loss."""
+    try:
+        with built.model.embeddings.step_errors(f"rank {rt.rank}, step {step}"):
+            out = built.step_fn.step(batch, upcoming)
+    except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
+            tf.errors.InternalError, tf.errors.UnknownError) as e:
+        if rt.ps_tasks:
+            raise step_failure_error(e, rt, step) from None
+        raise
+    loss = float(out["loss"])
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {step}; lower the learning rates")
+    return loss
+
+
+def _log_window(cfg: Config, rt: Runtime, window: _Window, step: int, history: list, writer) -> None:
+    mean_loss = window.close()
+    tasks_per_s = window.tasks_per_s
+    history.append({"step": step, "loss": mean_loss, "tasks_per_s": tasks_per_s})
+    line = (f"step {step}/{cfg.train.steps} loss {mean_loss:.4f} "
+            f"tasks/s {tasks_per_s:,.0f} (rank {rt.rank})")
+    if rt.size > 1:
+        agg = rt.sync.allreduce_scalar(tasks_per_s if math.isfinite(tasks_per_s) else 0.0)
+        line += f" aggregate tasks/s {agg:,.0f}"
+    rt.log(line)
+    if writer is not None:
+        with writer.as_default():
+            tf.summary.scalar("loss", mean_loss, step=step)
+            tf.summary.scalar("tasks_per_s", tasks_per_s, step=step)
+
+
+def _finish(cfg: Config, rt: Runtime, run_dir: str, built: Built, tracker: BestTracker, run: _Run) -> dict:
+    """The run's summary (rank 0 writes ``train_summary.json``) and this rank's file under
+    ``ranks/`` (digests the tests compare across ranks)."""
+    model = built.model
+    rank_tps = run.window.rank_tasks_per_s
     summary = {
-        "algo": cfg.meta.algo, "steps": cfg.train.steps, "start_step": start,
-        "stopped_early": bool(stopped), "last_step": step if start < end else start,
+        "algo": cfg.meta.algo, "steps": cfg.train.steps, "start_step": run.start,
+        "stopped_early": bool(run.stopped), "last_step": run.last_step,
         "best": tracker.summary(), "validation": tracker.history,
-        "tasks_per_s": rank_tps, "ranks": rt.size, "ps": rt.ps_tasks, "history": history,
+        "tasks_per_s": rank_tps, "ranks": rt.size, "ps": rt.ps_tasks, "history": run.history,
         "aggregate_tasks_per_s": rt.sync.allreduce_scalar(rank_tps if math.isfinite(rank_tps) else 0.0),
         "dense_digest": dense_digest(model),
         "table_rows_per_ps": {t.name: t.shard_sizes() for t in model.storage_tables()} if rt.rank == 0 else {},
@@ -222,6 +312,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     }
     rank_file = {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step",
                                          "last_step", "stopped_early")}
+    hot = model.embeddings.hot
     if hot is not None:  # after the last checkpoint's write-back: the PS must match every rank
         rank_file.update(hot_digest=hot.digest(), hot_rows=hot.hot_set.rows,
                          hot_ps_mismatches=hot.ps_mismatches())
@@ -229,34 +320,31 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     storage.write_text(storage.join(run_dir, "ranks", f"rank{rt.rank}.json"), json.dumps(rank_file, indent=1))
     if rt.rank == 0:
         storage.write_text(storage.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
-        if writer is not None:
-            writer.flush()
+        if run.writer is not None:
+            run.writer.flush()
     return summary
 
 
-def _save_checkpoint(ckpt: CheckpointManager, rt: Runtime, hot, emb_opt, step: int, meta: dict,
-                     files: Dict[str, str]) -> Optional[str]:
+def _save_checkpoint(built: Built, rt: Runtime, step: int, meta: dict, files: Dict[str, str]) -> Optional[str]:
     """Every rank pauses while rank 0 exports the PS tables, so the checkpoint is one consistent
     state and not a mix of before and after other ranks' updates. Each rank first writes its
     pending (write-behind) cold-row updates. Returns the path on rank 0."""
-    if hot is not None:
-        hot.flush()
+    embeddings = built.model.embeddings
+    embeddings.quiesce()
     rt.sync.barrier()
     path = None
     if rt.rank == 0:
-        if hot is not None:  # replicas are identical: rank 0's copy is everyone's
-            hot.write_back(emb_opt)
-        path = ckpt.save(step, meta, files=files)
+        embeddings.step_boundary()
+        path = built.ckpt.save(step, meta, files=files)
     rt.sync.barrier()
     return path
 
 
-def _validation_point(cfg: Config, model: DLRM, rt: Runtime, hot, tracker: BestTracker, step: int,
+def _validation_point(cfg: Config, model: DLRM, rt: Runtime, tracker: BestTracker, step: int,
                       writer, on_validation: Optional[OnValidation]) -> bool:
     """Rank 0 scores the valid split (the others wait, so the PS holds one state); returns
     whether this step is the best so far, agreed by every rank."""
-    if hot is not None:  # the PS must hold every rank's updates before rank 0 reads it
-        hot.flush()
+    model.embeddings.quiesce()  # the PS must hold every rank's updates before rank 0 reads it
     rt.sync.barrier()
     improved = 0
     if rt.rank == 0:
@@ -331,7 +419,7 @@ def lost_ps_error(e: Exception, rt: Runtime, step: int):
 
     text = str(e)
     down = [t for t, addr in enumerate(rt.ps_addresses) if not reachable(addr)]
-    tasks = down or sorted({int(m) for m in re.findall(r"/job:ps/replica:\d+/task:(\d+)", text)})
+    tasks = down or ps_tasks_named(text)
     named = [f"ps:{t} ({rt.ps_addresses[t]})" for t in tasks if t < len(rt.ps_addresses)]
     who = ", ".join(named) or "a parameter server (" + ", ".join(rt.ps_addresses) + ")"
     first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
@@ -341,11 +429,8 @@ def lost_ps_error(e: Exception, rt: Runtime, step: int):
 
 def rows_by_ps_task(model: DLRM) -> Dict[str, Dict[str, int]]:
     """``{table: {ps task: rows}}``: each shard's size, read on the PS that holds it."""
-    out = {}
-    for t in model.storage_tables():
-        tasks = [int(re.search(r"/task:(\d+)", d).group(1)) for d in t.devices]
-        out[t.name] = {str(task): rows for task, rows in zip(tasks, t.shard_sizes())}
-    return out
+    return {table: {str(ps_task_of(device)): rows for device, rows in shards.items()}
+            for table, shards in model.embeddings.rows_by_device().items()}
 
 
 def dense_digest(model: DLRM) -> str:

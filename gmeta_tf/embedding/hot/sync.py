@@ -16,7 +16,7 @@ choice from the same config, so the collective calls match):
 The result is the same either way: the touched slots (union over ranks, in a rank-independent
 order) and the *mean* gradient over ranks, like the dense weights (``dense_sync``). Rows a rank
 did not touch count as a zero gradient in the mean, as they do for a dense weight. The slots
-come out unique, so the lazy optimizer (``hot/optimizer.py``) scatters without collisions.
+come out unique, so the lazy optimizer (``embedding/optimizers.py``) scatters without collisions.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """From a task batch's ids to per-sample embedding tensors, with one table lookup per step.
 
 ``lookup_batch`` looks every table up once for support *and* query ids together (TFRA's shadow
-variable remembers only its last lookup, see ``tables.py``), and returns ``SparseState``: per
+variable remembers only its last lookup, see ``table.py``), and returns ``SparseState``: per
 feature, a matrix of rows plus the index of every support / query position into it.
 
 When the inner loop adapts embeddings, each task needs its *own* copy of each row it touches:
@@ -17,7 +17,7 @@ from typing import List, Sequence
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
-from gmeta_tf.model.adaptable import LookupTable
+from gmeta_tf.embedding.table import Table
 
 
 @dataclass
@@ -61,7 +61,7 @@ def feature_ids(batch: dict, cat_names: Sequence[str], multi_names: Sequence[str
     return out
 
 
-def lookup_batch(tables: Sequence[LookupTable], batch: dict, cat_names: Sequence[str],
+def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
                  multi_names: Sequence[str], *, trainable: bool, per_task: bool) -> SparseState:
     feats = []
     for table, (s_ids, q_ids, multi) in zip(tables, feature_ids(batch, cat_names, multi_names)):

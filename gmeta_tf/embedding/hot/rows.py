@@ -15,37 +15,36 @@ from __future__ import annotations
 import hashlib
 import zlib
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
+from gmeta_tf.embedding.column_split import ColumnSplitTable
+from gmeta_tf.embedding.hot.prefetch import ColdPrefetch, read_rows
+from gmeta_tf.embedding.hot.select import HotSet, select_hot
+from gmeta_tf.embedding.hot.sync import HotGradSync
+from gmeta_tf.embedding.hot_cold import HotColdTable
+from gmeta_tf.embedding.lookup import feature_ids
+from gmeta_tf.embedding.optimizers import LazyRowOptimizer
 from gmeta_tf.errors import ClusterError
-from gmeta_tf.hot.optimizer import LazyRowOptimizer
-from gmeta_tf.hot.prefetch import ColdPrefetch, read_rows
-from gmeta_tf.hot.select import HotSet, select_hot
-from gmeta_tf.hot.sync import HotGradSync
-from gmeta_tf.model.column_split import ColumnSplitTable
-from gmeta_tf.model.hot_cold import HotColdTable
-from gmeta_tf.model.sparse_features import feature_ids
-
-
-def _slot_suffix(slot_var) -> str:
-    return slot_var.name.rsplit("/", 1)[-1]
 
 
 class HotRows:
-    def __init__(self, model, hot_set: HotSet, sync, optimizer: str, lr: float, touched_bound: Dict[str, int],
-                 prefetch: bool = True):
+    def __init__(self, tables: Sequence, hot_set: HotSet, sync, optimizer: str, lr: float,
+                 touched_bound: Dict[str, int], prefetch: bool = True):
         self.hot_set = hot_set
         self.prefetch = bool(prefetch)
         self.kind, self.lr = optimizer, float(lr)
         self.prefetched: List[HotColdTable] = []  # filled by attach
         self.tables: List[HotColdTable] = []
         self.skipped: List[str] = []
-        for i, table in enumerate(model.tables):
+        # ``tables`` with the hot/cold ones in place of their plain tables: the owner
+        # (``collection.Embeddings.add_hot_tier``) takes this as its table list.
+        self.all_tables = list(tables)
+        for i, table in enumerate(tables):
             ids = hot_set.ids.get(table.name)
             if isinstance(table, ColumnSplitTable):
                 # The planner cut this table into column blocks on several PS; a hot copy would
@@ -54,8 +53,8 @@ class HotRows:
                 self.skipped.append(table.name)
                 continue
             if ids is not None and len(ids):
-                model.tables[i] = HotColdTable(table, ids, hot_set.local_only.get(table.name, False))
-                self.tables.append(model.tables[i])
+                self.all_tables[i] = HotColdTable(table, ids, hot_set.local_only.get(table.name, False))
+                self.tables.append(self.all_tables[i])
         self.names = [t.name for t in self.tables]
         self.opt = LazyRowOptimizer(optimizer, lr, {t.name: t.values for t in self.tables})
         self.grad_sync = HotGradSync(sync, {t.name: t.num_hot for t in self.tables},
@@ -85,7 +84,7 @@ class HotRows:
     def remote_shadows(self, shadows: List) -> List:
         """The shadows the TFRA optimizer still applies to: not local-only tables (no PS work)
         nor prefetched ones (``apply`` updates their cold rows)."""
-        own = {t.shadow.name for t in self.tables if t.local_only or t.prefetch is not None}
+        own = {t.base.shadow.name for t in self.tables if t.local_only or t.prefetch is not None}
         return [s for s in shadows if s.name not in own]
 
     def apply(self, grads: List, emb_opt, cold_grads: List = ()) -> List:
@@ -97,7 +96,7 @@ class HotRows:
         cold = dict(zip([t.name for t in self.prefetched], cold_grads))
         done = []
         for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
-            iterations = emb_opt.for_shadow(table.shadow).iterations
+            iterations = emb_opt.for_shadow(table.base.shadow).iterations
             self.opt.apply(table.values, table.name, slots, grad, iterations)
             if table.prefetch is not None:
                 done.append(table.prefetch.update(cold[table.name], iterations))
@@ -137,14 +136,14 @@ class HotRows:
         return self.variables + [v for t in self.names for _, v in sorted(self.opt.slots[t].items())]
 
     def _slot_tables(self, table, emb_opt) -> Dict[str, object]:
-        return {_slot_suffix(s): s for s in table.slot_variables(emb_opt.for_shadow(table.shadow))}
+        return table.base.slot_tables(emb_opt.for_shadow(table.base.shadow))
 
     def load(self, emb_opt) -> None:
         """Read hot rows and their slots from the (PS) tables. Rows the tables do not hold yet
         get the table's initializer value, slots their optimizer's initial value."""
         for table in self.tables:
             keys = tf.constant(table.hot_ids, tf.int64)
-            fetched = read_rows({"value": table.variable, **self._slot_tables(table, emb_opt)}, keys, table.dim)
+            fetched = read_rows({"value": table.base.variable, **self._slot_tables(table, emb_opt)}, keys, table.dim)
             table.values.assign(fetched["value"][0])
             for name, var in self.opt.slots[table.name].items():
                 if name in fetched:
@@ -156,7 +155,7 @@ class HotRows:
         self.flush()
         for table in self.tables:
             keys = tf.constant(table.hot_ids, tf.int64)
-            table.variable.upsert(keys, table.values)
+            table.base.variable.upsert(keys, table.values)
             slot_tables = self._slot_tables(table, emb_opt)
             for name, var in self.opt.slots[table.name].items():
                 if name in slot_tables:
@@ -166,7 +165,7 @@ class HotRows:
         """Hot rows whose value in the (PS) table differs from this worker's (0 after write_back)."""
         bad = 0
         for table in self.tables:
-            vals, exists = table.variable.lookup(tf.constant(table.hot_ids, tf.int64), return_exists=True)
+            vals, exists = table.base.variable.lookup(tf.constant(table.hot_ids, tf.int64), return_exists=True)
             same = np.all(vals.numpy() == table.values.numpy(), axis=1) & exists.numpy()
             bad += int((~same).sum())
         return bad
@@ -194,9 +193,9 @@ def hot_digest(tables: Dict[str, tuple]) -> str:
     return h.hexdigest()
 
 
-def touched_bounds(model, data_cfg) -> Dict[str, int]:
+def touched_bounds(cat_names: Sequence[str], multi_names: Sequence[str], data_cfg) -> Dict[str, int]:
     """Most distinct ids one step can look up per table (sizes the gradient exchange choice)."""
-    per_sample = {n: 1 for n in model.cat_names} | {n: data_cfg.max_multi_hot for n in model.multi_names}
+    per_sample = {n: 1 for n in cat_names} | {n: data_cfg.max_multi_hot for n in multi_names}
     samples = data_cfg.tasks_per_batch * (data_cfg.support + data_cfg.query)
     return {n: samples * k for n, k in per_sample.items()}
 
@@ -205,20 +204,21 @@ def profile_path(cfg) -> Path:
     return Path(cfg.hot.profile) if cfg.hot.profile else Path(cfg.data.path) / PROFILE_NPZ
 
 
-def build_hot_rows(cfg, model, sync, log=print) -> Optional[HotRows]:
-    """The hot rows for this config, wrapping ``model.tables`` in place; None when the budget
-    is 0 (then nothing is wrapped and training is the plain PS path)."""
+def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names: Sequence[str], sync,
+                   log=print) -> Optional[HotRows]:
+    """The hot rows for this config over ``tables``; None when the budget is 0 (then nothing is
+    wrapped and training is the plain PS path). ``Embeddings.add_hot_tier`` calls this."""
     budget = cfg.hot.budget_bytes
     if budget <= 0:
         return None
     profiles = load_profile(profile_path(cfg))
-    dims = {t.name: t.dim for t in model.tables}
+    dims = {t.name: t.dim for t in tables}
     hot_set = select_hot(profiles, dims, cfg.train.embedding_optimizer, budget, cfg.hot.min_count)
     if sync.rank == 0:
         log(hot_set.format())
     scale = sync.size if cfg.train.scale_lr else 1
-    rows = HotRows(model, hot_set, sync, cfg.train.embedding_optimizer,
-                   cfg.train.embedding_learning_rate * scale, touched_bounds(model, cfg.data),
+    rows = HotRows(tables, hot_set, sync, cfg.train.embedding_optimizer,
+                   cfg.train.embedding_learning_rate * scale, touched_bounds(cat_names, multi_names, cfg.data),
                    prefetch=cfg.hot.prefetch)
     if sync.rank == 0 and rows.skipped:
         log(f"hot split: {', '.join(rows.skipped)} stay wholly on the PS (column-split by cluster.placement)")

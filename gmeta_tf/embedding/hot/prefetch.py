@@ -9,7 +9,7 @@ path. A ``ColdPrefetch`` per hot/cold table takes all three off it:
   round-trip) on the PS. Nothing in step t's compute depends on that lookup, so it runs while
   the worker computes;
 * **apply locally**: the gradient of the buffered rows is applied on the worker with the same
-  Adam / Adagrad formulas TFRA's optimizer uses (``hot/optimizer.row_update``), with the table's
+  Adam / Adagrad formulas TFRA's optimizer uses (``embedding/optimizers.row_update``), with the table's
   own step counter;
 * **write behind**: the new values and slots are written at the *start* of step t+1 (before
   its read-ahead of batch t+2), again overlapping compute. ``flush`` writes them at once; the
@@ -34,7 +34,7 @@ from typing import Dict, Optional, Tuple
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
-from gmeta_tf.hot.optimizer import SLOT_INIT, row_update
+from gmeta_tf.embedding.optimizers import row_update, slot_init
 
 Fields = Dict[str, Tuple[tf.Tensor, tf.Tensor]]  # field ("value", "m", ...) -> (rows, exists)
 
@@ -53,7 +53,7 @@ def read_rows(sources: Dict[str, object], ids: tf.Tensor, dim: int) -> Fields:
         rows, exists = src.lookup(ids, return_exists=True)
         rows = tf.reshape(rows, [-1, dim])
         if f != "value":
-            rows = tf.where(exists[:, None], rows, tf.fill(tf.shape(rows), SLOT_INIT[f]))
+            rows = tf.where(exists[:, None], rows, tf.fill(tf.shape(rows), slot_init(f)))
         out[f] = (rows, exists)
     return out
 
@@ -66,7 +66,7 @@ class ColdPrefetch:
         self.kind, self.lr = kind, float(lr)
         self.dim = table.dim
         # field -> the de.Variable (PS table) it lives in: the embedding, then its optimizer slots
-        self.sources = {"value": table.variable, **slot_tables}
+        self.sources = {"value": table.base.variable, **slot_tables}
         n = table.name
         self.ids = _buffer(f"pf-{n}-ids", tf.int64, None)
         # The rows the next step trains on; the tape watches "value" (it is the cold lookup).

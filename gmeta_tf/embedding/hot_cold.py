@@ -1,9 +1,10 @@
 """A table whose hottest rows live in a worker-local variable: the same lookup, split underneath.
 
-``HotColdTable`` wraps an ``EmbeddingTable`` and keeps its interface (``name``, ``dim``,
-``variable``, ``shadow``, ``slot_variables``, ... are the wrapped table's), so the model, the
-meta step, the checkpoint and the evaluation code do not know about the split. Only
-``lookup_unique`` differs:
+``HotColdTable`` holds an ``EmbeddingTable`` (``base``, the canonical PS table) and offers the
+``Table`` surface of ``table.py`` (``name``, ``dim``, ``lookup_unique``, ``size``, ``storage``:
+the base table, which optimizers train and checkpoints save), so the model and the meta step do
+not know about the split. Nothing else is forwarded: the hot tier (``hot/rows.py``) reaches the
+base table's variable and slots as ``table.base``. The lookup:
 
 * ids found in the static id → slot map (``tf.lookup.StaticHashTable``, built once from the hot
   set) are gathered from ``values`` (a ``tf.Variable [K, dim]`` on this worker);
@@ -17,7 +18,9 @@ With ``local_only`` (the hot set holds every id of the train split, see ``hot/se
 table never talks to the PS during training: no cold lookup, and the meta step leaves its
 shadow out of the TFRA apply. An id outside the hot set then fails the step with an error
 naming the table instead of being served a wrong row (it can only come from a profile of other
-data).
+data). The step's graph records how many such ids it met (``misses``) before it fails, so the
+embedding package turns the failure into a typed ``HotSetMissError`` naming the table
+(``collection.Embeddings.step_errors``) without reading TensorFlow's error text.
 
 Hot ids never reach the PS during training, so the PS copy of a hot row is stale until
 ``HotRows.write_back`` copies it there (checkpoint time).
@@ -28,11 +31,16 @@ flows to that buffer and ``HotRows.apply`` updates the cold rows too.
 """
 from __future__ import annotations
 
+from typing import List
+
 import numpy as np
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
-from gmeta_tf.model.tables import EmbeddingTable, UniqueLookup
+from gmeta_tf.embedding.table import EmbeddingTable, UniqueLookup
+
+MISS_TEXT = ("an id outside the hot set, which the id profile said holds every train id; "
+             "re-run gmeta data profile on this data")
 
 
 class HotColdTable:
@@ -48,9 +56,22 @@ class HotColdTable:
         # Filled from the PS by ``HotRows.load`` before training; zeros until then.
         self.values = tf.Variable(tf.zeros([k, base.dim], tf.float32), name=f"hot-{base.name}")
         self.prefetch = None  # a hot.prefetch.ColdPrefetch once HotRows.attach gives it one
+        # Ids outside the hot set met by the last local-only lookup (0 unless a step failed).
+        self.misses = tf.Variable(tf.zeros([], tf.int64), trainable=False, name=f"hot-{base.name}-misses")
 
-    def __getattr__(self, item):  # everything but the lookup is the wrapped table's
-        return getattr(self.base, item)
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def dim(self) -> int:
+        return self.base.dim
+
+    def size(self) -> int:
+        return self.base.size()
+
+    def storage(self) -> List[EmbeddingTable]:
+        return [self.base]
 
     @property
     def num_hot(self) -> int:
@@ -77,10 +98,11 @@ class HotColdTable:
         uniq, index, slot, cold_pos, hot_pos, pad_pos = self.split(ids)
         hot = slot >= 0
         if self.local_only:
-            tf.debugging.assert_equal(
-                tf.size(hot_pos) + tf.size(pad_pos), tf.size(uniq),
-                message=f"hot table {self.base.name}: an id outside the hot set, which the id profile "
-                        f"said holds every train id; re-run gmeta data profile on this data")
+            served = tf.size(hot_pos) + tf.size(pad_pos)
+            record = self.misses.assign(tf.cast(tf.size(uniq) - served, tf.int64))
+            with tf.control_dependencies([record]):
+                tf.debugging.assert_equal(served, tf.size(uniq),
+                                          message=f"hot table {self.base.name}: {MISS_TEXT}")
             rows = tf.gather(self.values, tf.maximum(slot, 0)) * tf.cast(hot, tf.float32)[:, None]
             return UniqueLookup(rows=rows, index=index)
         if trainable and self.prefetch is not None:

@@ -1,7 +1,6 @@
 """Which rows are hot: the most lookups per byte of worker memory, across all tables.
 
-A hot row costs ``dim × 4`` bytes for its value plus as much again per optimizer slot (Adam:
-m and v, so 3 × dim floats; Adagrad: 2 ×), because its optimizer state lives on the worker
+A hot row costs ``optimizers.row_bytes``: its value plus as much again per optimizer slot, because its optimizer state lives on the worker
 with it. The value of a row is the lookups it serves (its count in the id profile), so the
 best use of a budget is the rows with the highest ``count / bytes``: one merged ranking over
 all tables, taken greedily while it fits. With equal row sizes this is optimal (a fractional
@@ -17,12 +16,7 @@ from typing import Dict
 import numpy as np
 
 from gmeta_tf.data.id_profile import TableProfile
-
-SLOTS = {"adam": 2, "adagrad": 1}
-
-
-def row_bytes(dim: int, optimizer: str) -> int:
-    return 4 * dim * (1 + SLOTS[optimizer])
+from gmeta_tf.embedding.optimizers import row_bytes
 
 
 @dataclass
