@@ -12,7 +12,7 @@ import math
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import List, Literal, Optional, Union
+from typing import Dict, List, Literal, Optional, Union
 
 
 class ConfigError(ValueError):
@@ -61,8 +61,23 @@ class PrepareConfig:
     shards: int = 4
     rows_per_group: int = 512
     on_bad_rows: Literal["error", "skip"] = "error"
+    # Categorical columns that get two extra dense features per sample, fitted on the train
+    # split's labels (``gmeta_tf/data/target_encoding.py``): the id's shrunk mean label and its
+    # log count. They tell the model what a rare id's own embedding row cannot learn.
+    target_encoding: List[str] = field(default_factory=list)
+    target_encoding_prior: float = 5.0  # pseudo-count k of the global mean in the shrunk mean
 
     def __post_init__(self) -> None:
+        _require(
+            len(set(self.target_encoding)) == len(self.target_encoding) and all(self.target_encoding),
+            "prepare.target_encoding",
+            f"must be distinct, non-empty column names, got {self.target_encoding}",
+        )
+        _require(
+            math.isfinite(self.target_encoding_prior) and self.target_encoding_prior > 0,
+            "prepare.target_encoding_prior",
+            f"must be > 0 (an id never seen in training gets the global mean), got {self.target_encoding_prior}",
+        )
         _require(self.query >= 1, "prepare.query", f"must be >= 1, got {self.query}")
         _require(self.max_support >= 1, "prepare.max_support", f"must be >= 1, got {self.max_support}")
         _require(
@@ -105,8 +120,15 @@ class DataConfig:
     # ``resample``: re-dealt at random each epoch (gmeta_tf/metaio/episodes.py), so every sample
     # is a query target over the epochs. Valid and test splits always keep the prepared split.
     episodes: Literal["fixed", "resample"] = "fixed"
+    # ``{feature: k}``: ids of a categorical / multi-hot feature seen fewer than k times in the
+    # train split are read as one shared ``task_format.RARE_ID`` (``metaio/rare_ids.py``), so
+    # rare items share one trained embedding row instead of each memorising a few users. The
+    # prepared files keep the real ids; only what the model sees changes.
+    min_id_count: Dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, k in self.min_id_count.items():
+            _require(k >= 1, f"data.min_id_count.{name}", f"must be >= 1, got {k}")
         for key in ("tasks_per_batch", "support", "query", "max_multi_hot", "parallel_reads"):
             _require(getattr(self, key) >= 1, f"data.{key}", f"must be >= 1, got {getattr(self, key)}")
         _require(self.shuffle_buffer >= 0, "data.shuffle_buffer", "must be >= 0")

@@ -18,6 +18,7 @@ Pipeline (each step is a small module, all vectorized over samples):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Dict, List, Sequence
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 
 from gmeta_tf.config.schema import PrepareConfig
 from gmeta_tf.data import stats
+from gmeta_tf.data import target_encoding as te
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.atomic import atomic_dir, check_target
 from gmeta_tf.data.convert import REASONS, Samples, convert
@@ -74,6 +76,14 @@ def prepare(inputs: Sequence[str], out: str, cfg: PrepareConfig, overwrite: bool
     )
     order = idx[local]
     sel = support_query(rank[order], order, n_tasks, cfg.query, cfg.max_support)
+    train_rows = _train_rows(layout, sel)
+    te.check_columns(cfg.target_encoding, mapping.categorical, mapping.dense)
+    extra, te_names, te_tables = te.encode(
+        cfg.target_encoding, samples.cats, samples.label, train_rows, cfg.target_encoding_prior
+    )
+    if te_names:  # appended after the input's dense columns, so everything downstream treats them alike
+        samples = dataclasses.replace(samples, dense=np.concatenate([samples.dense, extra], axis=1))
+        mapping = dataclasses.replace(mapping, dense=list(mapping.dense) + te_names)
 
     summary = {
         "input_rows": rows.num_rows,
@@ -86,6 +96,12 @@ def prepare(inputs: Sequence[str], out: str, cfg: PrepareConfig, overwrite: bool
     with atomic_dir(out_p, overwrite) as tmp:
         split_info = _write_splits(tmp, samples, mapping, names, layout, sel, cfg)
         schema = _schema(samples, mapping, layout, sel, cfg, split_info, summary)
+        schema["target_encoding"] = te.write_tables(tmp, te_tables)
+        schema["id_counts"] = te.write_id_counts(tmp, {
+            **{c: samples.cats[c][train_rows] for c in mapping.categorical},
+            **{c: samples.multi[c].take(pa.array(train_rows)).flatten().to_numpy(zero_copy_only=False)
+               for c in mapping.multi_hot},
+        })
         _write_schema(tmp, schema)
     return dict(
         summary,
@@ -174,8 +190,7 @@ def _schema(
     s: Samples, m: Mapping, layout: SplitLayout, sel: Selection, cfg: PrepareConfig, split_info: Dict, summary: Dict
 ) -> Dict:
     written = sel.rows
-    n_train = layout.counts["train"]
-    train_rows = sel.rows[: int(np.sum(sel.n_support[:n_train] + sel.n_query[:n_train]))]
+    train_rows = _train_rows(layout, sel)
     return {
         "format_version": fmt.FORMAT_VERSION,
         "task_col": m.task_col,
@@ -196,6 +211,13 @@ def _schema(
         "splits": split_info,
         "summary": summary,
     }
+
+
+def _train_rows(layout: SplitLayout, sel: Selection) -> np.ndarray:
+    """Indices (into the samples) of the train split's written samples: tasks are in split
+    order, train first, so they are a prefix of ``sel.rows``."""
+    n_train = layout.counts["train"]
+    return sel.rows[: int(np.sum(sel.n_support[:n_train] + sel.n_query[:n_train]))]
 
 
 def _write_schema(tmp: Path, schema: Dict) -> None:

@@ -31,7 +31,20 @@ column                         Arrow type                       meaning
 =============================  ===============================  ===============================
 
 Ids are non-negative int64: integer inputs are kept, strings are hashed (``hash_strings``).
-``PAD_ID`` (-1) is what the reader pads with, so it can never collide with a real id.
+``PAD_ID`` (-1) is what the reader pads with, so it can never collide with a real id. The files
+always hold the real ids; with ``data.min_id_count`` the *reader* turns rare ones into ``RARE_ID``.
+
+Target encoding (``prepare.target_encoding``, ``target_encoding.py``) adds no column: its two
+features per encoded column, ``te.<col>.mean`` and ``te.<col>.log_count``, are ordinary dense
+features appended after the input's dense columns (``support.dense`` / ``query.dense`` get wider,
+``schema.json``'s ``dense`` lists them with their train statistics). So the format version stays 1:
+a reader of version 1 reads such a dataset correctly, and a dataset without the new keys means
+"no target encoding, no id counts". Beside the splits::
+
+    OUT/target_encoding/<col>.npz      ids (int64, sorted), sums (float64), counts (int64):
+                                       labels per id over the train split's written samples
+    OUT/id_counts/<col>.npz            ids (int64, sorted), counts (int64): train-split samples
+                                       per id, for every categorical and multi-hot feature
 
 ``schema.json`` (``format_version`` 1)::
 
@@ -45,6 +58,8 @@ Ids are non-negative int64: integer inputs are kept, strings are hashed (``hash_
      "table_stats": {<table>: {"rows", "pooling", "lookups", "skew": [17 shares]}},  # train split,
                                                            # for ``gmeta plan`` (optional)
      "support_query": {"query", "max_support", "split_by"},
+     "target_encoding": [{"column", "prior", "global_mean", "features": [2 names], "file"}],
+     "id_counts": {<feature>: "id_counts/<feature>.npz"},   # both optional (absent = none)
      "splits": {"train": {"tasks", "samples", "files": [...]}, "valid": ..., "test": ...},
      "summary": {"input_rows", "tasks_in", "tasks_kept", "dropped": {<reason>: count},
                  "rows_skipped": {<reason>: count}, "samples_truncated"}}
@@ -65,6 +80,11 @@ SCHEMA_FILE = "schema.json"
 COLUMNS_SIDECAR = "columns.json"  # written by ``gmeta data synth`` next to its Parquet files
 SPLITS = ("train", "valid", "test")
 PAD_ID = -1
+# The one id every rare id of a feature is read as under ``data.min_id_count`` (Meta-IO,
+# ``metaio/rare_ids.py``): the largest int64, which prepared ids practically never take (hashed
+# ids are 63-bit hashes; an integer input id equal to it is refused when rare ids are pooled)
+# and which, unlike a negative id, the model embeds like any other id.
+RARE_ID = 0x7FFF_FFFF_FFFF_FFFF
 
 TASK_ID = "task_id"
 N_SUPPORT = "n_support"

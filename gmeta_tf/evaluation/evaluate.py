@@ -57,7 +57,8 @@ def _batch_items(batch: dict, item: Optional[str]) -> Dict[str, np.ndarray]:
     for which in ("support", "query"):
         mask = batch[which]["mask"].numpy()
         out[f"{which}_mask"] = mask > 0
-        out[f"{which}_items"] = batch[which]["cat"][item].numpy() if item else np.full(mask.shape, -1, np.int64)
+        ids = batch[which].get("raw_cat", batch[which]["cat"])  # real ids, even with data.min_id_count
+        out[f"{which}_items"] = ids[item].numpy() if item else np.full(mask.shape, -1, np.int64)
     out["support_labels"] = batch["support"]["label"].numpy().astype(np.float64)
     return out
 
@@ -92,7 +93,7 @@ def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float,
     """Per task: query labels and predictions before/after adaptation; with ``items``, also
     appends each task's ``TaskItems`` (feature ``item``) to it, for the baselines; with
     ``task_ids``, each task's id."""
-    ds = make_dataset(cfg.data.path, split, cfg.data, training=False)
+    ds = make_dataset(cfg.data.path, split, cfg.data, training=False, raw_ids=items is not None)
     fn = tf.function(lambda b: query_predictions(model, cfg, b, steps=steps, lr=lr,
                                                  adapt_set=cfg.meta.adapt))
     labels: List[np.ndarray] = []

@@ -10,14 +10,15 @@ benchmarked without building a ``tf.data`` pipeline.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
+from gmeta_tf.metaio.rare_ids import remap
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class BlockLayout:
     multi_hot: Tuple[str, ...]
     dense_mean: np.ndarray  # [D] float32
     dense_inv_std: np.ndarray  # [D] float32, 1/std with std 0 (constant feature) treated as 1
+    # data.min_id_count: per feature, the sorted ids kept; any other id is read as RARE_ID.
+    frequent: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # Also emit each set's categorical ids as written (``raw_cat``), for the eval baselines,
+    # which are keyed by the real ids whatever the model sees.
+    raw_ids: bool = False
 
     @property
     def dense_dim(self) -> int:
@@ -54,7 +60,8 @@ class BlockLayout:
         return cols
 
 
-def layout_from_schema(schema: dict, support: int, query: int, max_multi_hot: int) -> BlockLayout:
+def layout_from_schema(schema: dict, support: int, query: int, max_multi_hot: int,
+                       frequent: Optional[Mapping[str, np.ndarray]] = None, raw_ids: bool = False) -> BlockLayout:
     dense = schema.get("dense") or []
     mean = np.asarray([float(d.get("mean", 0.0)) for d in dense], dtype=np.float64)
     std = np.asarray([float(d.get("std", 1.0)) for d in dense], dtype=np.float64)
@@ -69,6 +76,8 @@ def layout_from_schema(schema: dict, support: int, query: int, max_multi_hot: in
         multi_hot=tuple(m["name"] for m in schema.get("multi_hot") or []),
         dense_mean=mean.astype(np.float32),
         dense_inv_std=(1.0 / std).astype(np.float32),
+        frequent=dict(frequent or {}),
+        raw_ids=bool(raw_ids),
     )
 
 
@@ -234,7 +243,9 @@ def _decode_set(column, which: str, layout: BlockLayout, n: int, source: str) ->
         offs, vals = _offsets_values(column(col), where_c)
         same_lengths(col, offs)
         cats[feat] = _gather(_flat_numpy(vals, np.int64, where_c), offs[0] - offsets[0] + idx, valid, fmt.PAD_ID)
-    res["cat"] = cats
+    if layout.raw_ids:
+        res["raw_cat"] = dict(cats)
+    res["cat"] = {f: remap(v, layout.frequent[f]) if f in layout.frequent else v for f, v in cats.items()}
 
     multis: Dict[str, np.ndarray] = {}
     pos = np.arange(L, dtype=np.int64)
@@ -245,6 +256,8 @@ def _decode_set(column, which: str, layout: BlockLayout, n: int, source: str) ->
         same_lengths(col, offs)
         inner_offs, ids = _offsets_values(lists, where_m)
         flat = _flat_numpy(ids, np.int64, where_m)
+        if feat in layout.frequent:
+            flat = remap(flat, layout.frequent[feat])
         sample = np.where(valid, offs[0] - offsets[0] + idx, 0)
         if offs[-1] == offs[0] or flat.size == 0:
             multis[feat] = np.full((n, width, L), fmt.PAD_ID, dtype=np.int64)
@@ -262,13 +275,16 @@ def empty_block(layout: BlockLayout, n: int) -> Dict[str, object]:
     """``n`` padding tasks: what eval appends to fill its last batch (all masks 0, ids PAD_ID)."""
 
     def one(width: int) -> Dict[str, object]:
-        return {
+        out = {
             "label": np.zeros((n, width), np.float32),
             "mask": np.zeros((n, width), np.float32),
             "dense": np.zeros((n, width, layout.dense_dim), np.float32),
             "cat": {f: np.full((n, width), fmt.PAD_ID, np.int64) for f in layout.categorical},
             "multi": {f: np.full((n, width, layout.max_multi_hot), fmt.PAD_ID, np.int64) for f in layout.multi_hot},
         }
+        if layout.raw_ids:
+            out["raw_cat"] = dict(out["cat"])
+        return out
 
     return {
         "task_id": np.asarray([""] * n, dtype=object),

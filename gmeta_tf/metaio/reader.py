@@ -40,7 +40,7 @@ from gmeta_tf.config.schema import DataConfig
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.task_format import load_schema, split_files  # noqa: F401  (part of this module's API)
 from gmeta_tf.errors import DataError
-from gmeta_tf.metaio import decode, episodes
+from gmeta_tf.metaio import decode, episodes, rare_ids
 
 # Rows per record batch handed to the decoder. Large enough that per-block Python overhead
 # (~tens of numpy calls) is amortized over many tasks, small enough that a block of long tasks
@@ -116,13 +116,16 @@ def _check_file(file: str, layout: decode.BlockLayout) -> int:
 # --------------------------------------------------------------------------------------------
 def _signature(layout: decode.BlockLayout, t) -> Dict[str, object]:
     def one(width: int) -> Dict[str, object]:
-        return {
+        out = {
             "label": tf.TensorSpec([t, width], tf.float32),
             "mask": tf.TensorSpec([t, width], tf.float32),
             "dense": tf.TensorSpec([t, width, layout.dense_dim], tf.float32),
             "cat": {n: tf.TensorSpec([t, width], tf.int64) for n in layout.categorical},
             "multi": {n: tf.TensorSpec([t, width, layout.max_multi_hot], tf.int64) for n in layout.multi_hot},
         }
+        if layout.raw_ids:
+            out["raw_cat"] = dict(out["cat"])
+        return out
 
     return {
         "task_id": tf.TensorSpec([t], tf.string),
@@ -132,8 +135,11 @@ def _signature(layout: decode.BlockLayout, t) -> Dict[str, object]:
     }
 
 
-def _layout(schema: dict, cfg: DataConfig) -> decode.BlockLayout:
-    return decode.layout_from_schema(schema, cfg.support, cfg.query, cfg.max_multi_hot)
+def _layout(schema: dict, cfg: DataConfig, path: Optional[str] = None, raw_ids: bool = False) -> decode.BlockLayout:
+    """``path`` (the prepared dir) is needed only to read the id counts of ``data.min_id_count``;
+    the signature does not depend on them."""
+    frequent = rare_ids.frequent_ids(path, schema, cfg.min_id_count) if path is not None and cfg.min_id_count else None
+    return decode.layout_from_schema(schema, cfg.support, cfg.query, cfg.max_multi_hot, frequent, raw_ids)
 
 
 def batch_signature(schema: dict, cfg: DataConfig) -> Dict[str, object]:
@@ -209,16 +215,18 @@ def make_dataset(
     size: int = 1,
     training: bool = True,
     schema: Optional[dict] = None,
+    raw_ids: bool = False,
 ) -> tf.data.Dataset:
     """Batches of ``cfg.tasks_per_batch`` padded tasks from this rank's shard of ``split``.
 
     ``training``: endless, shuffled (seed ``cfg.seed + rank``; ``shuffle_buffer`` 0 turns all
     shuffling off), full batches only. Otherwise: one pass in a deterministic order, the last
-    batch padded with ``task_mask`` 0 tasks.
+    batch padded with ``task_mask`` 0 tasks. ``cfg.min_id_count`` pools rare ids into
+    ``RARE_ID`` (``rare_ids.py``); ``raw_ids`` adds each set's ids as written under ``raw_cat``.
     """
     if schema is None:
         schema = load_schema(path)
-    layout = _layout(schema, cfg)
+    layout = _layout(schema, cfg, path, raw_ids)
     files = split_files(path, split, schema)
     try:
         mine = fmt.shard_files(files, rank, size)
