@@ -14,7 +14,7 @@ them would score differently from ``gmeta eval``:
   count 0, which the formula turns into mean 0 and log_count 0, as ``lookup`` does).
 
 Every id set is a variable that fills a ``StaticHashTable`` when the model loads
-(``static_table._IdsFromVariable``), so no id is a graph constant.
+(``static_table.IdsFromVariable``), so no id is a graph constant.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
-from gmeta_tf.export.static_table import _IdsFromVariable
+from gmeta_tf.export.static_table import IdsFromVariable
 from gmeta_tf.metaio.rare_ids import frequent_ids
 
 
@@ -37,7 +37,7 @@ class RareIds(tf.Module):
         super().__init__(name=None)
         self.feature, self.k = feature, int(k)
         self.ids = tf.Variable(np.asarray(frequent, np.int64), trainable=False, name=f"{feature}_frequent_ids")
-        self.index = tf.lookup.StaticHashTable(_IdsFromVariable(self.ids), default_value=tf.constant(-1, tf.int64))
+        self.index = tf.lookup.StaticHashTable(IdsFromVariable(self.ids), default_value=tf.constant(-1, tf.int64))
 
     def apply(self, ids: tf.Tensor) -> tf.Tensor:
         keep = (self.index.lookup(ids) >= 0) | tf.equal(ids, fmt.PAD_ID)
@@ -58,7 +58,7 @@ class TargetEncoder(tf.Module):
                                 name=f"{self.column}_te_sums")
         self.counts = tf.Variable(np.append(np.asarray(counts, np.float64), 0.0), trainable=False,
                                   name=f"{self.column}_te_counts")
-        self.index = tf.lookup.StaticHashTable(_IdsFromVariable(self.ids),
+        self.index = tf.lookup.StaticHashTable(IdsFromVariable(self.ids),
                                                default_value=tf.constant(len(ids), tf.int64))
 
     def features(self, ids: tf.Tensor) -> tf.Tensor:
