@@ -137,3 +137,18 @@ def prepared_kinds(tmp_path_factory):
                 PrepareConfig(query=6, max_support=12, min_task_size=10, test_frac=0.3, valid_frac=0.1, shards=2))
         out[kind] = root / "prepared"
     return out
+
+
+@pytest.fixture(scope="session")
+def prepared_rating_te(tmp_path_factory) -> Path:
+    """``prepared_kinds``'s rating data, prepared with target encoding of ``item_id`` as well."""
+    from gmeta_tf.config.schema import PrepareConfig
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    root = tmp_path_factory.mktemp("prep-rating-te")
+    synth(str(root / "raw"), tasks=150, seed=3, kind="rating")
+    prepare([str(root / "raw")], str(root / "prepared"),
+            PrepareConfig(query=6, max_support=12, min_task_size=10, test_frac=0.3, valid_frac=0.1, shards=2,
+                          target_encoding=["item_id"], target_encoding_prior=3.0))
+    return root / "prepared"

@@ -38,15 +38,21 @@ RUNS = {
     "rating_newton": ("rating", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
                                  "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
                                  "train.eval_every=5"]),
+    # The MovieLens example's data features: target encoding of the item (prepared with it) and
+    # rare items and tags pooled into RARE_ID; k chosen so that some test ids are rare.
+    "rating_te_rare": ("rating_te", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
+                                     "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
+                                     "train.eval_every=5", "data.min_id_count.item_id=3",
+                                     "data.min_id_count.item_tags=3"]),
 }
 
 
-def _train(prepared_kinds, tmp_path_factory, name):
+def _train(data: dict, tmp_path_factory, name):
     from gmeta_tf.train.trainer import train
 
     kind, sets = RUNS[name]
     cfg = load_config("configs/quickstart.yaml", [
-        f"data.path={prepared_kinds[kind]}", "data.tasks_per_batch=8", "train.steps=10",
+        f"data.path={data[kind]}", "data.tasks_per_batch=8", "train.steps=10",
         "train.checkpoint_every=10", "train.log_every=5", *sets])
     run = tmp_path_factory.mktemp(f"run-{name}") / "run"
     train(cfg, run)
@@ -55,7 +61,11 @@ def _train(prepared_kinds, tmp_path_factory, name):
 
 def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
     """``gmeta eval``'s per-task scores of the test split, and the same tasks' samples as the
-    signatures' inputs (named as ``export.json`` says), written to ``out`` for the client."""
+    signatures' inputs (named as ``export.json`` says), written to ``out`` for the client: the
+    real ids (Meta-IO read without ``data.min_id_count``) and only the input's own dense
+    columns, raw (the target-encoding ones are the graph's to compute)."""
+    import dataclasses
+
     from gmeta_tf.evaluation.evaluate import query_scores
     from gmeta_tf.metaio.decode import layout_from_schema
     from gmeta_tf.metaio.reader import make_dataset
@@ -64,10 +74,12 @@ def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
     cfg, model, _ = load_trained(run)
     scores = query_scores(model, cfg)
     layout = layout_from_schema(model.schema, 1, 1, 1)
+    dense_names = [d["name"] for d in model.schema["dense"]]
     arrays, task_ids = {}, []
     by_role = {"categorical": "cat", "multi_hot": "multi"}
     inputs = manifest["signatures"]["adapt_and_predict"]["inputs"]
-    for batch in make_dataset(cfg.data.path, cfg.eval.split, cfg.data, training=False):
+    real_ids = dataclasses.replace(cfg.data, min_id_count={})
+    for batch in make_dataset(cfg.data.path, cfg.eval.split, real_ids, training=False):
         for t in np.flatnonzero(batch["task_mask"].numpy() > 0):
             i = len(task_ids)
             task_ids.append(batch["task_id"][t].numpy().decode())
@@ -79,6 +91,7 @@ def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
                 value = value.numpy()[t][keep]
                 if x["role"] == "dense":  # clients send raw features; Meta-IO's batches are standardised
                     value = value / layout.dense_inv_std + layout.dense_mean
+                    value = value[:, [dense_names.index(f) for f in x["features"]]]
                 arrays[f"{i}/{x['name']}"] = value
     assert task_ids == scores["task_ids"]  # the same tasks, in the same order
     np.savez(out, tasks=len(task_ids), **arrays)
@@ -97,7 +110,10 @@ def exported(request, prepared_kinds, tmp_path_factory):
     """(run dir, export dir, manifest, gmeta eval's scores, the fresh client's result)."""
     from gmeta_tf.export.export_run import export_run
 
-    run = _train(prepared_kinds, tmp_path_factory, request.param)
+    data = dict(prepared_kinds)
+    if RUNS[request.param][0] == "rating_te":
+        data["rating_te"] = request.getfixturevalue("prepared_rating_te")
+    run = _train(data, tmp_path_factory, request.param)
     out = run.parent / "export"
     manifest = export_run(str(run), str(out))
     scores = _test_split_inputs(run, manifest, run.parent / "inputs.npz")
@@ -279,3 +295,29 @@ def test_gmeta_serve_answers_the_export_with_gmeta_evals_scores(exported, tmp_pa
         status, body = request(port, "POST", "/v1/models/ml:predict",
                                {"signature_name": "adapt_and_predict", "inputs": {"query_movie": [1]}})
         assert status == 400 and any(n in json.dumps(body) for n in names if n != "query_movie"), body
+
+
+@pytest.mark.integration
+def test_rare_ids_and_target_encoding_are_the_graphs(exported):
+    """The te run's clients send real ids (some rare) and no target-encoding columns."""
+    from gmeta_tf.metaio.rare_ids import frequent_ids
+
+    run, _, manifest, _, _ = exported
+    transforms = manifest["input_transforms"]
+    if not transforms["computed_dense"]:
+        assert transforms["rare_ids"] == {} and "te." not in json.dumps(manifest["signatures"])
+        pytest.skip("no data features in this run")
+    schema = json.loads((run.parent / "export" / "assets.extra" / "schema.json").read_text())
+    cfg = load_config(run / "config.yaml")
+    assert {f: r["min_id_count"] for f, r in transforms["rare_ids"].items()} == {"item_id": 3, "item_tags": 3}
+    assert transforms["computed_dense"][0]["features"] == ["te.item_id.mean", "te.item_id.log_count"]
+    assert transforms["dense_inputs"] == ["price", "item_age_days", "user_activity"]
+    dense_in = next(x for x in manifest["signatures"]["predict"]["inputs"] if x["role"] == "dense")
+    assert dense_in["shape"] == [-1, 3] and dense_in["features"] == transforms["dense_inputs"]
+    frequent = frequent_ids(cfg.data.path, schema, cfg.data.min_id_count)
+    data = np.load(run.parent / "inputs.npz")
+    for feature, name in (("item_id", "query_item_id"), ("item_tags", "query_item_tags")):
+        sent = np.concatenate([data[f"{t}/{name}"].ravel() for t in range(int(data["tasks"]))])
+        sent = sent[sent != -1]
+        rare = ~np.isin(sent, frequent[feature])
+        assert 0 < rare.sum() < sent.size, feature  # real ids, some rare, some not

@@ -65,3 +65,36 @@ def test_static_table_rows_zero_for_unknown_and_pad_ids_and_ids_stay_out_of_the_
     assert ids[:4].tobytes() not in graph and ids[-4:].tobytes() not in graph  # in variables/, not the graph
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
     np.testing.assert_array_equal(loaded.lookup(tf.constant([ids[7], 5, -1], tf.int64)).numpy(), [7, 500, 500])
+
+
+def test_rare_ids_and_target_encoding_in_the_graph_equal_meta_ios(tmp_path):
+    """The graph's remap and target-encoding features equal ``rare_ids.remap`` and the fitted
+    table's valid/test features (nothing left out) for frequent, rare, unseen and pad ids."""
+    from gmeta_tf.data import target_encoding as te
+    from gmeta_tf.data import task_format as fmt
+    from gmeta_tf.export.input_transforms import InputTransforms
+    from gmeta_tf.metaio.rare_ids import remap
+
+    train_ids = np.array([3, 3, 3, 7, 7, 11, 42, 42, 42, 42], np.int64)
+    labels = np.array([4, 5, 3, 1, 2, 5, 3, 3, 4, 2], np.float64)
+    table = te.fit("item", train_ids, labels, prior=2.5)
+    (entry,) = te.write_tables(tmp_path, [table])
+    counts = te.write_id_counts(tmp_path, {"item": train_ids, "tags": np.array([1, 1, 2], np.int64)})
+    schema = {"categorical": [{"name": "item"}], "multi_hot": [{"name": "tags"}], "id_counts": counts,
+              "target_encoding": [entry],
+              "dense": [{"name": "x"}, {"name": "te.item.mean"}, {"name": "te.item.log_count"}, {"name": "z"}]}
+    got = InputTransforms(str(tmp_path), schema, {"item": 3, "tags": 2})
+    assert got.input_dense == ["x", "z"] and got.computed_dense == ["te.item.mean", "te.item.log_count"]
+    ids = np.array([3, 7, 11, 42, 99, fmt.PAD_ID], np.int64)
+    np.testing.assert_array_equal(got.ids("item", tf.constant(ids)).numpy(), remap(ids, np.array([3, 42])))
+    assert got.ids("item", tf.constant(ids)).numpy().tolist() == [3, fmt.RARE_ID, fmt.RARE_ID, 42, fmt.RARE_ID, -1]
+    tags = np.array([[1, 2, -1]], np.int64)
+    assert got.ids("tags", tf.constant(tags)).numpy().tolist() == [[1, fmt.RARE_ID, -1]]
+    real = ids[:5]
+    raw = np.array([[10.0, 20.0]] * 5, np.float32)
+    dense = got.dense(tf.constant(raw), {"item": tf.constant(real)}).numpy()
+    want = table.features(real, np.zeros(5), np.zeros(5, bool))
+    np.testing.assert_array_equal(dense[:, [0, 3]], raw)  # schema.json's order: x, te.., te.., z
+    np.testing.assert_array_equal(dense[:, 1:3], want)
+    assert dense[4, 1:3].tolist() == [0.0, 0.0]  # unseen id
+    assert got.describe()["rare_ids"]["item"]["frequent_ids"] == 2

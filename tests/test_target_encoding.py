@@ -252,3 +252,19 @@ def test_eval_baselines_do_not_change_with_min_id_count(synth_raw, tmp_path):
     assert pooled["baselines"] == real["baselines"]
     assert pooled["baseline_setup"]["item_feature"] == "item_id"
     assert pooled["mae"] != real["mae"]  # the model itself does see the pooled ids
+
+
+@fast
+def test_min_id_count_works_without_target_encoding(synth_raw, tmp_path):
+    """Id counts are written whatever ``prepare.target_encoding`` says: rare ids are a reader
+    choice and must not need target encoding at prepare time."""
+    from gmeta_tf.metaio.reader import make_dataset
+
+    prep = tmp_path / "prep"
+    prepare([str(synth_raw / "raw")], str(prep), PrepareConfig(**{**PREP, "target_encoding": []}))
+    schema = json.loads((prep / fmt.SCHEMA_FILE).read_text())
+    assert schema["target_encoding"] == [] and not (prep / te.TE_DIR).exists()
+    assert set(schema["id_counts"]) == {c["name"] for c in schema["categorical"] + schema["multi_hot"]}
+    c = DataConfig(path=str(prep), tasks_per_batch=4, support=12, query=4, min_id_count={"item_id": 3})
+    batch = next(iter(make_dataset(str(prep), "test", c, training=False)))
+    assert (batch["query"]["cat"]["item_id"].numpy() == fmt.RARE_ID).any()

@@ -14,6 +14,7 @@ import tensorflow as tf
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import CheckpointError
 from gmeta_tf.export.checkpoint_reader import read_dense, read_table
+from gmeta_tf.export.input_transforms import InputTransforms
 from gmeta_tf.export.static_table import StaticTable
 from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, add_ridge_prior
 from gmeta_tf.metaio.decode import layout_from_schema
@@ -28,6 +29,9 @@ class FrozenModel(tf.Module, TowerModel):
         self.cat_names = [c["name"] for c in schema["categorical"]]
         self.multi_names = [c["name"] for c in schema["multi_hot"]]
         self.n_dense = len(schema["dense"])
+        # data.min_id_count and prepare.target_encoding, as Meta-IO applies them to test data.
+        self.inputs = InputTransforms(cfg.data.path, schema, cfg.data.min_id_count)
+        self.n_input_dense = len(self.inputs.input_dense)
         # Clients send dense features as the input data has them; Meta-IO standardised them with
         # the train split's statistics before the model saw them, so the graph does the same.
         layout = layout_from_schema(schema, 1, 1, 1)

@@ -1,7 +1,8 @@
 """``assets.extra/export.json``: what a client of the SavedModel needs to know, in one file.
 
 The signatures' inputs and outputs (names, dtypes, shapes, the feature each input carries and
-whether its ids are hashed strings), the policy for unknown ids, the adaptation the
+whether its ids are hashed strings), the policy for unknown and rare ids, the dense features
+the graph computes itself (target encoding), the adaptation the
 ``adapt_and_predict`` signature runs, and where the model came from (run, checkpoint, data
 fingerprint). A server can read it instead of parsing the SavedModel's protobuf.
 """
@@ -35,6 +36,8 @@ def export_manifest(model: FrozenModel, cfg: Config, schema: dict, inputs: Dict[
             d = x.describe()
             if x.feature in hashed:
                 d["hashed"] = hashed[x.feature]
+            if x.role == "dense":  # the input's own columns; the graph computes the rest
+                d["features"] = list(model.inputs.input_dense)
             described.append(d)
         signatures[sig] = {"inputs": described, "outputs": OUTPUTS[sig]}
     signatures["serving_default"] = {"same_as": "predict"}
@@ -49,7 +52,12 @@ def export_manifest(model: FrozenModel, cfg: Config, schema: dict, inputs: Dict[
             "multi_hot_padding": fmt.PAD_ID,
             "unknown": "an id the table does not hold scores with a zero embedding, as in gmeta eval; "
                        "multi-hot features mean-pool their ids >= 0",
+            "rare": "features in input_transforms.rare_ids read every id outside the train split's frequent "
+                    "set (count >= min_id_count), except -1, as rare_id before the lookup, as Meta-IO does",
         },
+        # What the graph does to the inputs before the model (Meta-IO's rules): send real ids and
+        # only the dense_inputs columns; computed_dense are appended from the real ids.
+        "input_transforms": model.inputs.describe(),
         "adaptation": {"algo": cfg.meta.algo, "adapt": cfg.meta.adapt, "solver": cfg.meta.inner_solver,
                        "steps": steps, "lr": lr, "embedding_lr": cfg.meta.embedding_inner_lr,
                        "ridge_lambda": "learned per feature" if RIDGE_PRIOR in model.dense_variables

@@ -13,8 +13,10 @@ time (a task axis of 1), so a served score is ``gmeta eval``'s score:
 
 Inputs are per feature, named after it (``sanitize``): int64 ids as ``gmeta data prepare``
 wrote them (hashed string ids included; multi-hot lists padded with -1), float32 dense
-features ``[N, n_dense]`` in ``schema.json`` order, as the input data has them (the graph
-standardises them with the train split's statistics, as Meta-IO does).
+features ``[N, n_input_dense]`` in ``schema.json`` order, as the input data has them. The graph
+then does what Meta-IO does (``input_transforms``): rare ids → ``RARE_ID``
+(``data.min_id_count``), target-encoding features computed from the real ids and appended, and
+every dense feature standardised with the train split's statistics.
 """
 from __future__ import annotations
 
@@ -57,11 +59,12 @@ def sanitize(feature: str) -> str:
 
 def sample_inputs(model: FrozenModel, prefix: str = "") -> List[Input]:
     """One set of samples' inputs: ids per categorical ``[N]`` and multi-hot ``[N, L]`` feature,
-    then ``dense`` ``[N, n_dense]`` when the data has dense features."""
+    then ``dense`` ``[N, n_input_dense]`` when the input data has dense features (the ones the
+    graph computes, ``model.inputs.computed_dense``, are not sent)."""
     out = [Input(prefix + sanitize(n), n, "categorical", tf.int64, (None,)) for n in model.cat_names]
     out += [Input(prefix + sanitize(n), n, "multi_hot", tf.int64, (None, None)) for n in model.multi_names]
-    if model.n_dense:
-        out.append(Input(prefix + DENSE, DENSE, "dense", tf.float32, (None, model.n_dense)))
+    if model.n_input_dense:
+        out.append(Input(prefix + DENSE, DENSE, "dense", tf.float32, (None, model.n_input_dense)))
     seen: Dict[str, str] = {}
     for x in out:
         if x.name in seen:
@@ -95,10 +98,13 @@ def _samples(model: FrozenModel, inputs: List[Input], feed: Dict[str, tf.Tensor]
     with tf.control_dependencies(checks):
         n = tf.identity(n)
     by_feature = {x.feature: feed[x.name] for x in inputs}
-    dense = model.standardize(by_feature[DENSE])[None] if model.n_dense else tf.zeros([1, n, 0], tf.float32)
+    raw_dense = by_feature[DENSE] if model.n_input_dense else tf.zeros([n, 0], tf.float32)
+    # Target encoding reads the real ids; the tables then see rare ids as RARE_ID (Meta-IO's order).
+    dense = model.inputs.dense(raw_dense, {c: by_feature[c] for c in model.cat_names})
+    dense = model.standardize(dense)[None] if model.n_dense else tf.zeros([1, n, 0], tf.float32)
     return {
-        "cat": {c: by_feature[c][None] for c in model.cat_names},
-        "multi": {m: by_feature[m][None] for m in model.multi_names},
+        "cat": {c: model.inputs.ids(c, by_feature[c])[None] for c in model.cat_names},
+        "multi": {m: model.inputs.ids(m, by_feature[m])[None] for m in model.multi_names},
         "dense": dense,
         "label": labels[None] if labels is not None else tf.zeros([1, n], tf.float32),
         "mask": tf.ones([1, n], tf.float32),

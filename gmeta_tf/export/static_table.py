@@ -23,7 +23,7 @@ from tensorflow.python.ops.lookup_ops import TableInitializerBase
 from gmeta_tf.embedding.table import UniqueLookup
 
 
-class _IdsFromVariable(TableInitializerBase):
+class IdsFromVariable(TableInitializerBase):
     """Fill a hash table with ``ids[i] -> i`` from a variable, when the table is initialised
     (after the variables are restored on load), so the ids are not graph constants."""
 
@@ -49,7 +49,7 @@ class StaticTable(tf.Module):
         # The appended zero row is where unknown and pad ids land.
         self.rows = tf.Variable(np.concatenate([rows, np.zeros((1, self.dim), np.float32)]),
                                 trainable=False, name=f"{name}_rows")
-        self.index = tf.lookup.StaticHashTable(_IdsFromVariable(self.ids), default_value=tf.constant(n, tf.int64))
+        self.index = tf.lookup.StaticHashTable(IdsFromVariable(self.ids), default_value=tf.constant(n, tf.int64))
 
     @property
     def name(self) -> str:  # the feature's name, as the model's tables have it
