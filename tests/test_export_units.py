@@ -39,7 +39,7 @@ def test_read_table_whole_and_joined_from_column_blocks(tmp_path):
 
 def test_missing_table_names_the_file(tmp_path):
     _write(tmp_path / "tables" / "item.m.npz", [1], [[0.0]])  # a slot alone is no table
-    with pytest.raises(CheckpointError, match=r"no table file tables/item\.npz"):
+    with pytest.raises(CheckpointError, match=r"no rows of table 'item' \(no item\.npz"):
         read_table(str(tmp_path), "item")
 
 

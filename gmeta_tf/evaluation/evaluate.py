@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
+from gmeta_tf.embedding.lookup import lookup_batch
 from gmeta_tf.evaluation import baselines, metrics, ranking
 from gmeta_tf.evaluation.baselines import TaskItems
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
@@ -35,7 +36,10 @@ def query_predictions(model: AdaptableModel, cfg: Config, batch: dict, *, steps:
                       adapt_set: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Query predictions before and after ``steps`` inner steps (``[T, Q]`` each)."""
     spec = InnerLoopSpec.from_meta(model, replace(cfg.meta, adapt=adapt_set)).for_evaluation(steps, lr)
-    sparse = model.embeddings.lookup(batch, trainable=False, per_task=spec.adapt_embeddings)
+    # Read-only rows through what every AdaptableModel has (the trainer's DLRM and the export's
+    # frozen model alike): ``Embeddings.lookup`` does the same for a DLRM.
+    sparse = lookup_batch(model.tables, batch, model.cat_names, model.multi_names,
+                          trainable=False, per_task=spec.adapt_embeddings)
     fast = initial_fast_weights(model, sparse, spec.adapted, tf.shape(batch["task_mask"])[0])
     q = batch["query"]
 
