@@ -19,23 +19,14 @@ import tensorflow as tf
 from gmeta_tf import storage
 from gmeta_tf.embedding import table_files
 from gmeta_tf.errors import CheckpointError
-from gmeta_tf.train.checkpoint import CheckpointManager
-
-
-class _CheckpointFiles(CheckpointManager):
-    """The listing half of ``CheckpointManager`` (``latest``, ``best``, ``step_path``,
-    ``damage``), which needs only the directory: no model, optimizer or table is built."""
-
-    def __init__(self, directory: str):  # deliberately not the manager's __init__ (it builds a model)
-        self.dir = directory
-        self.log = print
+from gmeta_tf.train.checkpoint import CheckpointFiles
 
 
 def pick_checkpoint(run_dir: str, which: str = "best") -> str:
     """The intact checkpoint ``which`` names: ``best`` (the latest when the run recorded no
     best), ``latest`` or a step number, as ``gmeta eval --checkpoint`` takes it."""
     ckpt_dir = storage.join(run_dir, "checkpoints")
-    files = _CheckpointFiles(ckpt_dir)
+    files = CheckpointFiles(ckpt_dir)
     if not storage.exists(ckpt_dir) or not files.all_checkpoints():
         raise CheckpointError(f"{run_dir}: no complete checkpoint in {ckpt_dir}; train the run first")
     if which == "best":

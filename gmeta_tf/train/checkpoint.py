@@ -61,29 +61,15 @@ def _sha256(path: str) -> str:
     return hashlib.sha256(store.read_bytes(path)).hexdigest()
 
 
-class CheckpointManager:
-    def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3,
-                 log=print):
+class CheckpointFiles:
+    """The checkpoint directory as files: which checkpoints are complete, ``latest``, ``best``,
+    a step's path and whether one is damaged. Needs no model, so ``gmeta export`` reads a run's
+    checkpoints with it; ``CheckpointManager`` adds saving and restoring into a model."""
+
+    def __init__(self, directory: str | Path, log=print):
         self.dir = str(directory)
         self.log = log
-        self.restored: Optional[str] = None  # the checkpoint ``restore`` loaded, and its meta.json
-        self.restored_meta: dict = {}
-        self.model = model
-        self.dense_opt = dense_opt
-        self.emb_opt = emb_opt
-        self.keep = keep
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        # Optimizers must own their variables before a restore can fill them.
-        dense_opt.build(list(model.dense_variables.values()))
-        model.embeddings.build_slots(emb_opt)
-        self._tf_ckpt = tf.train.Checkpoint(
-            step=self.step,
-            dense={k.replace("/", "."): v for k, v in model.dense_variables.items()},
-            dense_optimizer=dense_opt,
-            embedding_optimizer_iterations=model.embeddings.step_counters(),
-        )
 
-    # -- listing ------------------------------------------------------------------------------
     def _complete(self, name: str) -> bool:
         return ".tmp-" not in name and store.exists(store.join(self.dir, name, "meta.json"))
 
@@ -122,6 +108,57 @@ class CheckpointManager:
         store.write_text(store.join(self.dir, BEST),
                          json.dumps({"checkpoint": store.basename(path), **info}, indent=1))
 
+    def step_path(self, which: str) -> str:
+        """The complete checkpoint of step ``which`` (a number, as ``--checkpoint`` takes it)."""
+        try:
+            step = int(which)
+        except ValueError:
+            raise CheckpointError(f"--checkpoint must be best, latest or a step number, got {which!r}") from None
+        path = store.join(self.dir, f"ckpt-{step:08d}")
+        if not self._complete(store.basename(path)):
+            have = ", ".join(str(int(store.basename(c)[5:])) for c in self.all_checkpoints()) or "none"
+            raise CheckpointError(f"{self.dir}: no complete checkpoint for step {step} (have: {have})")
+        return path
+
+    def damage(self, path: str) -> Optional[str]:
+        """What is wrong with checkpoint ``path`` (naming the file), or None when it is intact.
+        Checkpoints written before checksums existed are checked for a readable meta.json only."""
+        try:
+            meta = json.loads(store.read_text(store.join(path, META)))
+        except (ValueError, CheckpointError) as e:
+            return f"{META} is unreadable ({str(e).splitlines()[0][:120]})"
+        if not isinstance(meta, dict) or "step" not in meta:
+            return f"{META} has no step"
+        for rel, digest in sorted((meta.get("files") or {}).items()):
+            f = store.join(path, rel)
+            if not store.exists(f):
+                return f"{rel} is missing"
+            if _sha256(f) != digest:
+                return f"{rel} does not match its checksum (damaged or changed after the save)"
+        return None
+
+
+class CheckpointManager(CheckpointFiles):
+    def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3,
+                 log=print):
+        super().__init__(directory, log)
+        self.restored: Optional[str] = None  # the checkpoint ``restore`` loaded, and its meta.json
+        self.restored_meta: dict = {}
+        self.model = model
+        self.dense_opt = dense_opt
+        self.emb_opt = emb_opt
+        self.keep = keep
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        # Optimizers must own their variables before a restore can fill them.
+        dense_opt.build(list(model.dense_variables.values()))
+        model.embeddings.build_slots(emb_opt)
+        self._tf_ckpt = tf.train.Checkpoint(
+            step=self.step,
+            dense={k.replace("/", "."): v for k, v in model.dense_variables.items()},
+            dense_optimizer=dense_opt,
+            embedding_optimizer_iterations=model.embeddings.step_counters(),
+        )
+
     def restore_which(self, which: str = "best") -> int:
         """Restore ``best``, ``latest`` or a step; returns the step, 0 when there is none.
 
@@ -139,17 +176,6 @@ class CheckpointManager:
                      f"using the newest intact checkpoint instead")
         return self.restore()
 
-    def step_path(self, which: str) -> str:
-        """The complete checkpoint of step ``which`` (a number, as ``--checkpoint`` takes it)."""
-        try:
-            step = int(which)
-        except ValueError:
-            raise CheckpointError(f"--checkpoint must be best, latest or a step number, got {which!r}") from None
-        path = store.join(self.dir, f"ckpt-{step:08d}")
-        if not self._complete(store.basename(path)):
-            have = ", ".join(str(int(store.basename(c)[5:])) for c in self.all_checkpoints()) or "none"
-            raise CheckpointError(f"{self.dir}: no complete checkpoint for step {step} (have: {have})")
-        return path
 
     # -- save ---------------------------------------------------------------------------------
     def save(self, step: int, extra: Optional[dict] = None, files: Optional[Dict[str, str]] = None) -> str:
@@ -191,22 +217,6 @@ class CheckpointManager:
         return final
 
     # -- restore ------------------------------------------------------------------------------
-    def damage(self, path: str) -> Optional[str]:
-        """What is wrong with checkpoint ``path`` (naming the file), or None when it is intact.
-        Checkpoints written before checksums existed are checked for a readable meta.json only."""
-        try:
-            meta = json.loads(store.read_text(store.join(path, META)))
-        except (ValueError, CheckpointError) as e:
-            return f"{META} is unreadable ({str(e).splitlines()[0][:120]})"
-        if not isinstance(meta, dict) or "step" not in meta:
-            return f"{META} has no step"
-        for rel, digest in sorted((meta.get("files") or {}).items()):
-            f = store.join(path, rel)
-            if not store.exists(f):
-                return f"{rel} is missing"
-            if _sha256(f) != digest:
-                return f"{rel} does not match its checksum (damaged or changed after the save)"
-        return None
 
     def restore(self, path: Optional[str] = None) -> int:
         """Restore ``path`` (default: the newest intact checkpoint). Returns its step; 0 if there
