@@ -35,8 +35,8 @@ def model_under_bench(work: Path) -> Path:
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.data.synth import synth
+    from gmeta_tf.export.client_inputs import task_inputs
     from gmeta_tf.export.export_run import export_run
-    from gmeta_tf.metaio.decode import layout_from_schema
     from gmeta_tf.metaio.reader import make_dataset
     from gmeta_tf.train.trainer import train
 
@@ -49,22 +49,14 @@ def model_under_bench(work: Path) -> Path:
     train(cfg, run, resume=False)
     manifest = export_run(str(run), str(out), overwrite=True)
     inputs = manifest["signatures"]["adapt_and_predict"]["inputs"]
-    layout = layout_from_schema(json.loads((prepared / "schema.json").read_text()), 1, 1, 1)
-    by_role = {"categorical": "cat", "multi_hot": "multi"}
+    schema = json.loads((prepared / "schema.json").read_text())
     for batch in make_dataset(str(prepared), "test", cfg.data, training=False):
         for t in range(int(batch["task_mask"].shape[0])):
             sup, qry = (int(batch[w]["mask"].numpy()[t].sum()) for w in ("support", "query"))
             if sup < SUPPORT or qry < ROWS:
                 continue
-            adapt = {}
-            for x in inputs:
-                which = "support" if x["name"].startswith("support_") else "query"
-                part = batch[which]
-                value = part[by_role[x["role"]]][x["feature"]] if x["role"] in by_role else part[x["role"]]
-                value = value.numpy()[t][: SUPPORT if which == "support" else ROWS]
-                if x["role"] == "dense":  # clients send raw features; Meta-IO's batches are standardised
-                    value = value / layout.dense_inv_std + layout.dense_mean
-                adapt[x["name"]] = value.tolist()
+            adapt = {name: value[: SUPPORT if name.startswith("support_") else ROWS].tolist()
+                     for name, value in task_inputs(batch, t, inputs, schema).items()}
             predict = {k[len("query_"):]: v for k, v in adapt.items() if k.startswith("query_")}
             (work / "requests.json").write_text(json.dumps({"predict": predict, "adapt_and_predict": adapt}))
             return out
