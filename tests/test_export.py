@@ -67,32 +67,21 @@ def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
     import dataclasses
 
     from gmeta_tf.evaluation.evaluate import query_scores
-    from gmeta_tf.metaio.decode import layout_from_schema
+    from gmeta_tf.export.client_inputs import task_inputs
     from gmeta_tf.metaio.reader import make_dataset
     from gmeta_tf.train.trainer import load_trained
 
     cfg, model, _ = load_trained(run)
     scores = query_scores(model, cfg)
-    layout = layout_from_schema(model.schema, 1, 1, 1)
-    dense_names = [d["name"] for d in model.schema["dense"]]
     arrays, task_ids = {}, []
-    by_role = {"categorical": "cat", "multi_hot": "multi"}
     inputs = manifest["signatures"]["adapt_and_predict"]["inputs"]
     real_ids = dataclasses.replace(cfg.data, min_id_count={})
     for batch in make_dataset(cfg.data.path, cfg.eval.split, real_ids, training=False):
         for t in np.flatnonzero(batch["task_mask"].numpy() > 0):
             i = len(task_ids)
             task_ids.append(batch["task_id"][t].numpy().decode())
-            for x in inputs:
-                which = "support" if x["name"].startswith("support_") else "query"
-                keep = batch[which]["mask"].numpy()[t] > 0
-                part = batch[which]
-                value = part[by_role[x["role"]]][x["feature"]] if x["role"] in by_role else part[x["role"]]
-                value = value.numpy()[t][keep]
-                if x["role"] == "dense":  # clients send raw features; Meta-IO's batches are standardised
-                    value = value / layout.dense_inv_std + layout.dense_mean
-                    value = value[:, [dense_names.index(f) for f in x["features"]]]
-                arrays[f"{i}/{x['name']}"] = value
+            for name, value in task_inputs(batch, t, inputs, model.schema).items():
+                arrays[f"{i}/{name}"] = value
     assert task_ids == scores["task_ids"]  # the same tasks, in the same order
     np.savez(out, tasks=len(task_ids), **arrays)
     return scores
@@ -105,20 +94,32 @@ def _client(export_dir: Path, inputs: Path, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module", params=list(RUNS))
-def exported(request, prepared_kinds, tmp_path_factory):
-    """(run dir, export dir, manifest, gmeta eval's scores, the fresh client's result)."""
+@pytest.fixture(scope="module")
+def exports(prepared_kinds, prepared_rating_te, tmp_path_factory):
+    """``exports(name)``: run ``name`` of ``RUNS`` trained, exported and scored by the fresh
+    client, once per module, as (run dir, export dir, manifest, gmeta eval's scores, the
+    client's result). Tests about every run take ``exported``; a test about one run names it."""
     from gmeta_tf.export.export_run import export_run
 
-    data = dict(prepared_kinds)
-    if RUNS[request.param][0] == "rating_te":
-        data["rating_te"] = request.getfixturevalue("prepared_rating_te")
-    run = _train(data, tmp_path_factory, request.param)
-    out = run.parent / "export"
-    manifest = export_run(str(run), str(out))
-    scores = _test_split_inputs(run, manifest, run.parent / "inputs.npz")
-    client = _client(out, run.parent / "inputs.npz", run.parent / "client.json")
-    return run, out, manifest, scores, client
+    data = {**prepared_kinds, "rating_te": prepared_rating_te}
+    done = {}
+
+    def get(name: str):
+        if name not in done:
+            run = _train(data, tmp_path_factory, name)
+            out = run.parent / "export"
+            manifest = export_run(str(run), str(out))
+            scores = _test_split_inputs(run, manifest, run.parent / "inputs.npz")
+            client = _client(out, run.parent / "inputs.npz", run.parent / "client.json")
+            done[name] = run, out, manifest, scores, client
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def exported(request, exports):
+    return exports(request.param)
 
 
 def _max_diff(a, b) -> float:
@@ -138,8 +139,9 @@ def test_scores_equal_gmeta_eval_before_and_after_adaptation(exported):
     assert client["predict_after"] == client["predict"][0]  # adapting never writes the weights
     # Adaptation changes the scores (else "after" parity would prove nothing).
     assert _max_diff(scores["after"], scores["before"]) > 1e-3
-    if manifest["label"]["kind"] == "rating":  # scores are on the rating scale, not standardised
-        assert 1.0 < np.mean(np.concatenate(client["predict"])) < 5.0
+    # Scores are on the label's scale (probabilities, or ratings), not the standardised one.
+    low, high = {"click": (0.0, 1.0), "rating": (1.0, 5.0)}[manifest["label"]["kind"]]
+    assert low < np.mean(np.concatenate(client["predict"])) < high
 
 
 @pytest.mark.integration
@@ -177,10 +179,8 @@ def _cli(*args, timeout=TIMEOUT):
 
 
 @pytest.mark.integration
-def test_saved_model_cli_shows_and_runs_it(exported, tmp_path):
-    run, out, manifest, _, client = exported
-    if manifest["label"]["kind"] != "click" or manifest["adaptation"]["adapt"] != "top":
-        pytest.skip("one run is enough for saved_model_cli")
+def test_saved_model_cli_shows_and_runs_it(exports, tmp_path):
+    run, out, manifest, _, client = exports("click_top_sgd")
     shown = _cli("show", "--dir", str(out), "--all")
     assert shown.returncode == 0, shown.stderr
     for sig in ("predict", "adapt_and_predict", "serving_default"):
@@ -262,14 +262,12 @@ def test_existing_output_is_refused_and_a_failed_export_leaves_nothing(exported,
 
 
 @pytest.mark.integration
-def test_gmeta_serve_answers_the_export_with_gmeta_evals_scores(exported, tmp_path):
+def test_gmeta_serve_answers_the_export_with_gmeta_evals_scores(exports, tmp_path):
     """Train → export → serve: the real export behind a real `gmeta serve`, over HTTP (v1 columnar
     and v2), gives `gmeta eval`'s scores for the first test users, before and after adaptation."""
     from tests.serve_fixture import request, server_process
 
-    run, out, manifest, scores, _ = exported
-    if manifest["label"]["kind"] != "rating":
-        pytest.skip("one run is enough for the end-to-end cycle")
+    run, out, manifest, scores, _ = exports("rating_newton")
     data = np.load(run.parent / "inputs.npz")
     names = [x["name"] for x in manifest["signatures"]["adapt_and_predict"]["inputs"]]
     with server_process(out, tmp_path / "serve.log", name="ml") as (port, _):
@@ -298,15 +296,21 @@ def test_gmeta_serve_answers_the_export_with_gmeta_evals_scores(exported, tmp_pa
 
 
 @pytest.mark.integration
-def test_rare_ids_and_target_encoding_are_the_graphs(exported):
+@pytest.mark.parametrize("name", ["click_top_sgd", "rating_newton"])
+def test_runs_without_data_features_export_no_input_transforms(exports, name):
+    manifest = exports(name)[2]
+    transforms = manifest["input_transforms"]
+    assert transforms["rare_ids"] == {} and transforms["computed_dense"] == []
+    assert "te." not in json.dumps(manifest["signatures"])
+
+
+@pytest.mark.integration
+def test_rare_ids_and_target_encoding_are_the_graphs(exports):
     """The te run's clients send real ids (some rare) and no target-encoding columns."""
     from gmeta_tf.metaio.rare_ids import frequent_ids
 
-    run, _, manifest, _, _ = exported
+    run, _, manifest, _, _ = exports("rating_te_rare")
     transforms = manifest["input_transforms"]
-    if not transforms["computed_dense"]:
-        assert transforms["rare_ids"] == {} and "te." not in json.dumps(manifest["signatures"])
-        pytest.skip("no data features in this run")
     schema = json.loads((run.parent / "export" / "assets.extra" / "schema.json").read_text())
     cfg = load_config(run / "config.yaml")
     assert {f: r["min_id_count"] for f, r in transforms["rare_ids"].items()} == {"item_id": 3, "item_tags": 3}
