@@ -325,3 +325,26 @@ def test_rare_ids_and_target_encoding_are_the_graphs(exports):
         sent = sent[sent != -1]
         rare = ~np.isin(sent, frequent[feature])
         assert 0 < rare.sum() < sent.size, feature  # real ids, some rare, some not
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("change, message", [
+    ("model.embedding_dim=8", r"table 'item_id' has rows of dim 16, but the run's config has model\.embedding_dim 8"),
+    ("model.top_mlp=[16]", r"dense weight 'top/0/w' is of shape \[\d+, 64\], but the run's config builds \[\d+, 16\]"),
+])
+def test_a_config_that_does_not_match_the_checkpoint_names_the_weight(exports, tmp_path, change, message):
+    import shutil
+
+    import yaml
+
+    from gmeta_tf.export.export_run import export_run
+
+    run = tmp_path / "run"
+    shutil.copytree(exports("click_top_sgd")[0], run)
+    key, value = change.split("=")
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"][key.split(".")[1]] = yaml.safe_load(value)
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(CheckpointError, match=message):
+        export_run(str(run), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

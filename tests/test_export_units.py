@@ -98,3 +98,50 @@ def test_rare_ids_and_target_encoding_in_the_graph_equal_meta_ios(tmp_path):
     np.testing.assert_array_equal(dense[:, 1:3], want)
     assert dense[4, 1:3].tolist() == [0.0, 0.0]  # unseen id
     assert got.describe()["rare_ids"]["item"]["frequent_ids"] == 2
+
+
+def test_unreadable_or_misshapen_table_file_names_the_table(tmp_path):
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    (tables / "item.npz").write_bytes(b"truncated")
+    with pytest.raises(CheckpointError, match=r"tables: table 'item' cannot be read"):
+        read_table(str(tmp_path), "item")
+    _write(tables / "item.npz", [1, 2, 3], [[0.0], [1.0]])  # 3 ids, 2 rows
+    with pytest.raises(CheckpointError, match=r"table 'item' has ids of shape \(3,\) and rows of shape \(2, 1\)"):
+        read_table(str(tmp_path), "item")
+
+
+def test_missing_dense_weights_name_the_file(tmp_path):
+    from gmeta_tf.export.checkpoint_reader import read_dense
+
+    with pytest.raises(CheckpointError, match=rf"{tmp_path}/dense: the dense weights cannot be read"):
+        read_dense(str(tmp_path), ["top/0/w"])
+
+
+def test_two_features_with_one_input_name_are_refused_naming_both():
+    from types import SimpleNamespace
+
+    from gmeta_tf.errors import DataError
+    from gmeta_tf.export.signatures import sample_inputs
+
+    model = SimpleNamespace(cat_names=["item-id", "item.id"], multi_names=[], n_input_dense=0)
+    with pytest.raises(DataError, match=r"features 'item-id' and 'item\.id' both become the signature input 'item_id'"):
+        sample_inputs(model)
+
+
+def test_input_transforms_name_a_damaged_table_or_an_inconsistent_schema(tmp_path):
+    from gmeta_tf.errors import DataError
+    from gmeta_tf.export.input_transforms import InputTransforms
+
+    (tmp_path / "target_encoding").mkdir()
+    entry = {"column": "item", "prior": 5.0, "global_mean": 3.0,
+             "features": ["te.item.mean", "te.item.log_count"], "file": "target_encoding/item.npz"}
+    schema = {"categorical": [{"name": "item"}], "multi_hot": [], "target_encoding": [entry],
+              "dense": [{"name": "price"}, {"name": "te.item.mean"}]}  # log_count missing from dense
+    (tmp_path / "target_encoding" / "item.npz").write_bytes(b"oops")
+    with pytest.raises(DataError, match=r"target_encoding/item\.npz: cannot read the target encoding table of 'item'"):
+        InputTransforms(str(tmp_path), schema, {})
+    np.savez(tmp_path / "target_encoding" / "item.npz", ids=np.array([1], np.int64),
+             sums=np.array([4.0]), counts=np.array([1], np.int64))
+    with pytest.raises(DataError, match=r"adds dense feature 'te\.item\.log_count', which its dense list lacks"):
+        InputTransforms(str(tmp_path), schema, {})

@@ -245,15 +245,25 @@ def test_batched_server_answers_concurrent_requests_exactly(model_dir, reference
         _assert_scores(out["outputs"], reference("adapt_and_predict", a))
 
 
-@pytest.mark.parametrize("kind", ["missing", "not a SavedModel"])
+@pytest.mark.parametrize("kind", ["missing", "not a SavedModel", "damaged", "no signatures"])
 def test_bad_model_dir_is_one_line_exit_2(tmp_path, kind):
     model = tmp_path / "nothing-here"
     if kind == "not a SavedModel":
         model.mkdir()
         (model / "variables").mkdir()
+    elif kind == "damaged":
+        model.mkdir()
+        (model / "saved_model.pb").write_bytes(b"\x00 not a protobuf")
+    elif kind == "no signatures":
+        import tensorflow as tf
+
+        tf.saved_model.save(tf.Module(), str(model))
     proc = subprocess.run([sys.executable, "-m", "gmeta_tf.cli.main", "serve", "--model", str(model),
                            "--port", str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and str(model) in lines[0], proc.stderr
+    expected = {"missing": "no such directory", "not a SavedModel": "is not a SavedModel",
+                "damaged": "does not load", "no signatures": "no signatures to serve"}[kind]
+    assert expected in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr

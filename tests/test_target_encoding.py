@@ -200,6 +200,9 @@ def test_frequent_ids_threshold_and_errors(tmp_path):
     clash = _id_counts(tmp_path / "e", [1, fmt.RARE_ID], [9, 9])
     with pytest.raises(DataError, match="RARE_ID"):
         rare_ids.frequent_ids(str(tmp_path / "e"), clash, {"item": 2})
+    (tmp_path / "d" / "id_counts" / "item.npz").write_bytes(b"not an npz")  # damaged counts
+    with pytest.raises(DataError, match=r"id_counts/item\.npz: cannot read the id counts for data\.min_id_count\.item"):
+        rare_ids.frequent_ids(path, schema, {"item": 5})
 
 
 @fast
