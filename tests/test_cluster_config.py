@@ -65,3 +65,40 @@ def test_lost_ps_error_names_the_ps_that_is_gone():
         assert f"lost ps:0 ({up}) at step 7" in str(err)
     finally:
         alive.close()
+
+
+@pytest.mark.integration  # builds and trains a tiny embedded model
+def test_a_peer_lost_in_a_collective_after_the_step_is_named_not_a_bare_trace(prepared_kinds, tmp_path):
+    """A peer rank that stops while this rank is in the logged throughput's all-reduce (not in
+    the step's own one) must give the same one line as inside the step: found by the
+    stalled-worker fault test, which failed when the stop landed between the two."""
+    import socket
+
+    import tensorflow as tf
+
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.train import trainer
+    from gmeta_tf.train.dense_sync import LocalSync
+    from gmeta_tf.train.runtime import Runtime
+
+    class PeerGoneAtLogTime(LocalSync):  # this process as rank 0 of 2; rank 1 is gone
+        size = 2
+
+        def allreduce_scalar(self, value: float) -> float:
+            raise tf.errors.UnknownError(None, None, "Horovod has been shut down. This was caused by an "
+                                                     "exception on one of the ranks (allreduce)")
+
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={prepared_kinds['click']}", "data.tasks_per_batch=8",
+                                                  "train.steps=4", "train.log_every=2", "train.eval_every=0"])
+    run_dir = str(tmp_path / "run")
+    local = Runtime()
+    schema, metric = trainer._prepare(cfg, local)
+    built = trainer.build_tables_once(cfg, schema, local, run_dir)
+    tracker, _ = trainer._start_tracker(cfg, local, built.ckpt, metric, 0)
+    with socket.socket() as ps:  # every PS answers, so the peer is to blame
+        ps.bind(("127.0.0.1", 0))
+        ps.listen()
+        rt = Runtime(sync=PeerGoneAtLogTime(), ps_tasks=1, ps_addresses=[f"127.0.0.1:{ps.getsockname()[1]}"])
+        with pytest.raises(ClusterError, match=r"^rank 0: worker rank 1 stopped answering in a collective "
+                                               r"\(all-reduce / broadcast\) at step 2 "):
+            trainer._loop(cfg, rt, run_dir, schema, built, tracker, 0, False, None)

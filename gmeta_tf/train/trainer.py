@@ -234,44 +234,43 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
     end = start if stopped else cfg.train.steps
     upcoming = next(it) if start < end else None
     step = start
-    for step in range(start + 1, end + 1):
-        # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
-        batch, upcoming = upcoming, (next(it) if step < end else None)
-        loss = _train_step(rt, built, step, batch, upcoming)
-        window.add(loss)
-        last = step == cfg.train.steps
-        if step % cfg.train.log_every == 0 or last:
-            _log_window(cfg, rt, window, step, history, writer)
-        improved = False
-        if validating and (step % cfg.train.eval_every == 0 or last):
-            improved = _validation_point(cfg, built.model, rt, tracker, step, writer, on_validation)
-            stopped = bool(rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0))
-        if improved or stopped or step % cfg.train.checkpoint_every == 0 or last:
-            meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
-                    "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
-            path = _save_checkpoint(built, rt, step, meta, checkpoint_files(cfg))
-            if improved and rt.rank == 0:
-                built.ckpt.mark_best(path, tracker.summary())
-        if stopped:
-            if rt.rank == 0:
-                rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "
-                       f"{tracker.since_best} validations; best {tracker.best_value:.4f} at step {tracker.best_step}")
-            break
+    try:  # the step and every collective after it (log, validation, checkpoint)
+        for step in range(start + 1, end + 1):
+            # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
+            batch, upcoming = upcoming, (next(it) if step < end else None)
+            loss = _train_step(rt, built, step, batch, upcoming)
+            window.add(loss)
+            last = step == cfg.train.steps
+            if step % cfg.train.log_every == 0 or last:
+                _log_window(cfg, rt, window, step, history, writer)
+            improved = False
+            if validating and (step % cfg.train.eval_every == 0 or last):
+                improved = _validation_point(cfg, built.model, rt, tracker, step, writer, on_validation)
+                stopped = bool(rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0))
+            if improved or stopped or step % cfg.train.checkpoint_every == 0 or last:
+                meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
+                        "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
+                path = _save_checkpoint(built, rt, step, meta, checkpoint_files(cfg))
+                if improved and rt.rank == 0:
+                    built.ckpt.mark_best(path, tracker.summary())
+            if stopped:
+                if rt.rank == 0:
+                    rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "
+                           f"{tracker.since_best} validations; best {tracker.best_value:.4f} at step {tracker.best_step}")
+                break
+    except PEER_FAILURES as e:
+        if not rt.ps_tasks:
+            raise
+        raise step_failure_error(e, rt, step) from None
     return _Run(start, end, step if start < end else start, stopped, window, history, writer)
 
 
 def _train_step(rt: Runtime, built: Built, step: int, batch: dict, upcoming: Optional[dict]) -> float:
-    """One compiled step; its loss. Failures become one-line errors: a lost PS or peer worker
-    (``step_failure_error``), an embedding-side error (typed by ``Embeddings.step_errors``), a
-    non-finite loss."""
-    try:
-        with built.model.embeddings.step_errors(f"rank {rt.rank}, step {step}"):
-            out = built.step_fn.step(batch, upcoming)
-    except (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
-            tf.errors.InternalError, tf.errors.UnknownError) as e:
-        if rt.ps_tasks:
-            raise step_failure_error(e, rt, step) from None
-        raise
+    """One compiled step; its loss. An embedding-side failure is typed by
+    ``Embeddings.step_errors``, a non-finite loss is one line; a lost PS or peer worker is
+    translated by ``_loop`` (``PEER_FAILURES``), which also covers the collectives after the step."""
+    with built.model.embeddings.step_errors(f"rank {rt.rank}, step {step}"):
+        out = built.step_fn.step(batch, upcoming)
     loss = float(out["loss"])
     if not math.isfinite(loss):
         raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {step}; lower the learning rates")
@@ -383,6 +382,11 @@ def load_trained(run_dir: str | Path, overrides=(), checkpoint: str = "best") ->
     return cfg, model, ckpt
 
 
+# What a lost PS or a stalled / killed peer rank raises in this rank, inside the step or in any
+# collective after it (the logged throughput's all-reduce, the validation verdict's broadcast,
+# the checkpoint's hot-row sync): ``_loop`` turns them into ``step_failure_error``'s one line.
+PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
+                 tf.errors.InternalError, tf.errors.UnknownError)
 _COLLECTIVE = re.compile(r"horovod|gloo|allreduce|allgather|broadcast|collective", re.I)
 
 
@@ -403,7 +407,7 @@ def step_failure_error(e: Exception, rt: Runtime, step: int):
     who = f"worker rank {peers[0]}" if len(peers) == 1 else "one of worker ranks " + ", ".join(map(str, peers))
     first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
     return ClusterError(
-        f"rank {rt.rank}: {who} stopped answering in the dense-gradient all-reduce at step {step} "
+        f"rank {rt.rank}: {who} stopped answering in a collective (all-reduce / broadcast) at step {step} "
         f"(every PS answers: {', '.join(rt.ps_addresses)}): {first}. Check that worker (stopped, "
         f"hung or killed?); re-run with the same --out to resume from the last checkpoint")
 
