@@ -9,9 +9,14 @@ from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.cost_model import load_cost_model
 
 
-@pytest.mark.integration  # builds the whole benchmark suite twice: minutes of CPU
-def test_suite_is_fixed_and_covers_what_the_issue_asks():
-    suite = tasks()
+@pytest.fixture(scope="module")
+def suite():
+    """The benchmark suite, built once for both tests (about a minute of CPU per build)."""
+    return tasks()
+
+
+@pytest.mark.integration  # builds the whole benchmark suite a second time: a minute of CPU
+def test_suite_is_fixed_and_covers_what_the_issue_asks(suite):
     assert len(suite) >= 30
     assert {t.ps for t in suite} == {2, 4, 8}
     assert all(10 <= len(t.tables) <= 80 for t in suite)
@@ -26,12 +31,12 @@ def test_suite_is_fixed_and_covers_what_the_issue_asks():
 
 
 @pytest.mark.integration  # plans every task of the benchmark suite with six algorithms: minutes of CPU
-def test_planner_never_worse_than_the_best_baseline_on_predicted_cost():
+def test_planner_never_worse_than_the_best_baseline_on_predicted_cost(suite):
     from gmeta_tf.plan.planner import make_plan
 
     model = load_cost_model(None)
     infeasible = 0
-    for task in tasks():
+    for task in suite:
         costs = {}
         for algo in ("planner", *BASELINES):
             try:
