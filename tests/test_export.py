@@ -40,8 +40,10 @@ RUNS = {
                                  "train.eval_every=5"]),
     # The MovieLens example's data features: target encoding of the item (prepared with it) and
     # rare items and tags pooled into RARE_ID; k chosen so that some test ids are rare.
+    # Also its recency-weighted support fit (meta.support_half_life, learned) and absolute loss.
     "rating_te_rare": ("rating_te", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
                                      "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
+                                     "meta.support_half_life=4", "model.rating_loss=absolute",
                                      "train.eval_every=5", "data.min_id_count.item_id=3",
                                      "data.min_id_count.item_tags=3"]),
 }
@@ -171,6 +173,12 @@ def test_manifest_and_layout(exported):
     assert manifest["source"]["step"] in (5, 10)  # best (validated runs) or latest
     if manifest["adaptation"]["solver"] == "newton":
         assert manifest["adaptation"]["ridge_lambda"] == "learned per feature"
+    half_life = load_config(extra / "config.yaml").meta.support_half_life
+    if half_life:  # learned from its start value: recorded, since clients must send the support oldest first
+        assert manifest["adaptation"]["support_half_life"] == pytest.approx(half_life, rel=0.5)
+        assert manifest["adaptation"]["support_half_life"] != half_life
+    else:
+        assert manifest["adaptation"]["support_half_life"] is None
 
 
 def _cli(*args, timeout=TIMEOUT):

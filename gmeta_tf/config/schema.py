@@ -150,6 +150,12 @@ class ModelConfig:
     # way a shrunk item mean leans on the global mean. Without it, id rows memorise the few
     # training users who rated an item and cold-user error rises after a few hundred steps.
     embedding_l2: float = 0.0
+    # The training loss for rating labels (clicks always use log loss). ``squared`` fits the
+    # conditional mean (RMSE's optimum); ``absolute`` fits the conditional median (MAE's
+    # optimum): star ratings are skewed toward the high end, so for MAE the median is the better
+    # point prediction. Only the outer objective (the query loss of MAML, ERM's loss) uses it:
+    # the inner loop keeps fitting a user's support with squared error.
+    rating_loss: Literal["squared", "absolute"] = "squared"
 
     def __post_init__(self) -> None:
         _require(self.embedding_dim >= 1, "model.embedding_dim", "must be >= 1")
@@ -186,6 +192,12 @@ class MetaConfig:
     ridge_lambda: float = 5.0
     # newton: learn λ per head feature in the outer loop, starting from ``ridge_lambda``.
     learn_ridge_lambda: bool = False
+    # newton: > 0 weighs each support sample by 0.5^(age / h) in the fit, age = how many of the
+    # task's support samples are newer (support slots are in time order), starting from
+    # h = ``support_half_life`` and learned in the outer loop. A user's taste drifts, so its latest
+    # ratings say most about its next ones (evaluation's query is a cold user's latest samples).
+    # 0: every support sample weighs the same. Serving: send the support oldest first.
+    support_half_life: float = 0.0
     # The training step's dense math (inner loop, query loss, outer gradient) as one XLA
     # program (gmeta_tf/meta/dense_step.py); TFRA lookups and applies stay outside it. ``auto``
     # compiles where ``make bench`` measured it faster (docs/profile.md); true / false force it.
@@ -196,6 +208,9 @@ class MetaConfig:
         _require(self.inner_solver == "sgd" or self.adapt == "head", "meta.inner_solver",
                  f"'newton' fits the last layer only and needs meta.adapt: head, got {self.adapt!r}")
         _require(self.ridge_lambda > 0, "meta.ridge_lambda", f"must be > 0, got {self.ridge_lambda}")
+        _require(self.support_half_life >= 0, "meta.support_half_life", f"must be >= 0, got {self.support_half_life}")
+        _require(self.support_half_life == 0 or self.inner_solver == "newton", "meta.support_half_life",
+                 "weighs the support in the Newton head's fit and needs meta.inner_solver: newton")
         _require(self.inner_lr > 0, "meta.inner_lr", f"must be > 0, got {self.inner_lr}")
         _require(self.embedding_inner_lr > 0, "meta.embedding_inner_lr", "must be > 0")
 

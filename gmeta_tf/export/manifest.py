@@ -8,6 +8,7 @@ fingerprint). A server can read it instead of parsing the SavedModel's protobuf.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List
 
 from gmeta_tf.config.schema import Config
@@ -15,7 +16,7 @@ from gmeta_tf.data import task_format as fmt
 from gmeta_tf.evaluation.evaluate import adaptation
 from gmeta_tf.export.frozen_model import FrozenModel
 from gmeta_tf.export.signatures import Input
-from gmeta_tf.meta.inner_loop import RIDGE_PRIOR
+from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, SUPPORT_HALF_LIFE
 
 FORMAT = 1
 OUTPUTS = {
@@ -61,7 +62,10 @@ def export_manifest(model: FrozenModel, cfg: Config, schema: dict, inputs: Dict[
         "adaptation": {"algo": cfg.meta.algo, "adapt": cfg.meta.adapt, "solver": cfg.meta.inner_solver,
                        "steps": steps, "lr": lr, "embedding_lr": cfg.meta.embedding_inner_lr,
                        "ridge_lambda": "learned per feature" if RIDGE_PRIOR in model.dense_variables
-                       else cfg.meta.ridge_lambda},
+                       else cfg.meta.ridge_lambda,
+                       # the support must come oldest first: the newest samples weigh most
+                       "support_half_life": (math.exp(float(model.dense_variables[SUPPORT_HALF_LIFE].numpy()[0]))
+                                             if SUPPORT_HALF_LIFE in model.dense_variables else None)},
         "tables": {t.name: {"rows": int(t.ids.shape[0]), "dim": t.dim} for t in model.tables},
         "source": {"run": run_dir, "checkpoint": checkpoint, "step": step,
                    "data": {"path": cfg.data.path, "fingerprint": fmt.schema_fingerprint(schema)}},

@@ -68,7 +68,7 @@ def maml_objective(model: DLRM, spec: InnerLoopSpec, params: Mapping[str, tf.Ten
     num_tasks = tf.shape(batch["task_mask"])[0]
     fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks, params)
     fast = adapt(model, fast, batch, spec)
-    q = task_losses(model, fast, batch, "query")
+    q = task_losses(model, fast, batch, "query", model.outer_loss)
     tm = batch["task_mask"]
     return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0) + embedding_penalty(model, sparse, batch)
 
@@ -79,7 +79,7 @@ def erm_objective(model: DLRM, params: Mapping[str, tf.Tensor], sparse: SparseSt
     for which in ("support", "query"):
         part = batch[which]
         scores = model.tower.forward(params, part["dense"], sparse.embed(which))
-        losses = per_sample_loss(model.kind, scores, model.scale_labels(part["label"]))
+        losses = per_sample_loss(model.kind, scores, model.scale_labels(part["label"]), model.outer_loss)
         mask = part["mask"] * batch["task_mask"][:, None]
         total += tf.reduce_sum(losses * mask)
         count += tf.reduce_sum(mask)

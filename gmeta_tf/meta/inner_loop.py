@@ -71,12 +71,15 @@ def initial_fast_weights(model: AdaptableModel, sparse: SparseState, adapted: Se
     return FastWeights(dense, sparse)
 
 
-def task_losses(model: AdaptableModel, fast: FastWeights, batch: dict, which: str) -> tf.Tensor:
-    """Per-task mean loss ``[T]`` of the support or query samples under ``fast``."""
+def task_losses(model: AdaptableModel, fast: FastWeights, batch: dict, which: str,
+                rating_loss: str = "squared") -> tf.Tensor:
+    """Per-task mean loss ``[T]`` of the support or query samples under ``fast``. The inner loop
+    always fits the support with squared error (the Newton head is a ridge solve); the outer,
+    query loss is the model's ``outer_loss`` (``model.rating_loss``)."""
     part = batch[which]
     scores = model.tower.forward(fast.dense, part["dense"], fast.sparse.embed(which))
     labels = model.scale_labels(part["label"])
-    return per_task_loss(model.kind, scores, labels, part["mask"])
+    return per_task_loss(model.kind, scores, labels, part["mask"], rating_loss)
 
 
 def adapt(model: AdaptableModel, fast: FastWeights, batch: dict, spec: InnerLoopSpec) -> FastWeights:
@@ -128,6 +131,24 @@ def add_ridge_prior(model: AdaptableModel, lam: float) -> None:
         tf.fill([width], tf.math.log(tf.constant(lam, tf.float32))), name="head_log_ridge_lambda")
 
 
+# The dense weight holding log h, the support samples' recency half-life (meta.support_half_life),
+# learned in the outer loop like the ridge prior. Added by ``add_support_recency``.
+SUPPORT_HALF_LIFE = "head/log_support_half_life"
+
+
+def add_support_recency(model: AdaptableModel, half_life: float) -> None:
+    model.dense_variables[SUPPORT_HALF_LIFE] = tf.Variable(
+        tf.math.log(tf.constant([half_life], tf.float32)), name="head_log_support_half_life")
+
+
+def support_weights(mask: tf.Tensor, log_half_life: tf.Tensor) -> tf.Tensor:
+    """``[T, S]`` weights 0.5^(age / h) of the support samples, age = the number of the task's
+    support samples after this one (valid samples fill the first slots, oldest first)."""
+    valid = tf.reduce_sum(mask, axis=1, keepdims=True)  # [T, 1]
+    age = tf.maximum(valid - 1.0 - tf.range(tf.shape(mask)[1], dtype=mask.dtype)[None, :], 0.0)
+    return tf.exp(-age * tf.math.log(2.0) * tf.exp(-log_half_life)) * mask
+
+
 def newton_head_step(model: AdaptableModel, fast: FastWeights, batch: dict, lam: float,
                      second_order: bool) -> FastWeights:
     """One regularised Newton step on every task's last layer, all tasks at once.
@@ -153,6 +174,10 @@ def newton_head_step(model: AdaptableModel, fast: FastWeights, batch: dict, lam:
     x = tf.concat([hidden, tf.ones_like(hidden[..., :1])], axis=-1) * mask[..., None]  # [T, S, H+1]
     if not second_order:  # first order: no gradient through the support's features
         x, curvature, residual = (tf.stop_gradient(v) for v in (x, curvature, residual))
+    recency = fast.dense.get(SUPPORT_HALF_LIFE)  # learned recency half-life, when the model has one
+    if recency is not None:  # a weighted fit: a sample's weight multiplies its curvature and residual
+        weight = support_weights(mask, recency[0])
+        curvature, residual = curvature * weight, residual * weight
     prior = fast.dense.get(RIDGE_PRIOR)  # learned per-feature λ (log), when the model has one
     lam_vec = tf.exp(prior) if prior is not None else lam * tf.ones(tf.shape(x)[-1:], x.dtype)
     gram = tf.matmul(x * curvature[..., None], x, transpose_a=True) + tf.linalg.diag(lam_vec)

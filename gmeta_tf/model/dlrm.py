@@ -45,6 +45,8 @@ class DLRM(TowerModel):
             self.cat_names, self.multi_names)
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
         self.label_mean, self.label_std = label_scaling(schema)
+        # The training objective's loss on query (MAML) or all (ERM) samples; see heads.py.
+        self.outer_loss: str = cfg.rating_loss
 
     @property
     def tables(self) -> List[Table]:

@@ -12,15 +12,21 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 
 
-def per_sample_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+def per_sample_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor, rating_loss: str = "squared") -> tf.Tensor:
+    """Log loss for clicks; for ratings ``rating_loss`` (``model.rating_loss``): ``squared``
+    makes the score a conditional mean (what RMSE rewards), ``absolute`` a conditional median
+    (what MAE rewards: rating distributions are skewed, so the two differ)."""
     if kind == "click":
         return tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=scores)
+    if rating_loss == "absolute":
+        return tf.abs(scores - labels)
     return tf.square(scores - labels)
 
 
-def per_task_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+def per_task_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor,
+                  rating_loss: str = "squared") -> tf.Tensor:
     """``[T, N]`` scores / labels / mask → ``[T]`` masked mean (0 for a task with no samples)."""
-    losses = per_sample_loss(kind, scores, labels) * mask
+    losses = per_sample_loss(kind, scores, labels, rating_loss) * mask
     return tf.reduce_sum(losses, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
 
 

@@ -50,6 +50,10 @@ def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
         from gmeta_tf.meta.inner_loop import add_ridge_prior
 
         add_ridge_prior(model, cfg.meta.ridge_lambda)
+    if cfg.meta.support_half_life > 0 and cfg.meta.algo != "erm":
+        from gmeta_tf.meta.inner_loop import add_support_recency
+
+        add_support_recency(model, cfg.meta.support_half_life)
     return model
 
 
