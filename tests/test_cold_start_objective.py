@@ -4,7 +4,8 @@
 * ``meta.support_half_life``: the Newton head's fit weighs recent support samples more, with a
   learned half-life.
 
-Each is checked against a hand computation, and the vectorized step against the per-task loop.
+Each is checked against a hand computation, and the vectorized step against the per-task loop
+(test_meta_step.py has the ERM loss, the weighted ridge fit and the learned half-life's gradient).
 """
 import numpy as np
 import pytest
@@ -14,15 +15,8 @@ from test_meta_step import T, _grads, _model
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import ConfigError, MetaConfig, ModelConfig
-from gmeta_tf.meta.inner_loop import (
-    SUPPORT_HALF_LIFE,
-    InnerLoopSpec,
-    adapt,
-    add_support_recency,
-    initial_fast_weights,
-    support_weights,
-)
-from gmeta_tf.meta.meta_step import erm_loss, maml_loss
+from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, support_weights
+from gmeta_tf.meta.meta_step import maml_loss
 from gmeta_tf.meta.task_loop import maml_loss_task_loop
 from gmeta_tf.model.dlrm import DLRM
 
@@ -34,20 +28,6 @@ def _absolute_model(schema, batch):
 
 
 # -- model.rating_loss ------------------------------------------------------------------------
-def test_absolute_rating_loss_is_the_mean_absolute_error_of_erm():
-    schema = tiny_schema("rating", n_dense=0)
-    batch = random_batch(schema, T=T, seed=7)
-    model = _absolute_model(schema, batch)
-    loss = float(erm_loss(model, batch))
-    sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
-    errs = []
-    for w in ("support", "query"):
-        s = model.tower.forward(model.dense_variables, batch[w]["dense"], sparse.embed(w)).numpy()
-        y = (batch[w]["label"].numpy() - 3.0) / 1.0
-        errs.append(np.abs(s - y)[batch[w]["mask"].numpy() > 0])
-    assert loss == pytest.approx(float(np.concatenate(errs).mean()), rel=1e-5)
-
-
 @pytest.mark.parametrize("algo", ["maml", "fomaml"])
 def test_absolute_loss_scores_the_query_only_and_the_vectorized_step_equals_the_task_loop(algo):
     """The support is still fitted by ridge (squared error); only the query loss is absolute."""
@@ -84,58 +64,6 @@ def test_support_weights_halve_every_half_life_counted_from_the_newest_sample():
     w = support_weights(mask, tf.math.log(2.0)).numpy()  # h = 2
     np.testing.assert_allclose(w[0], [0.5 ** 1.5, 0.5, 0.5 ** 0.5, 1.0, 0.0], rtol=1e-6)
     np.testing.assert_allclose(w[1], [0.5 ** 0.5, 1.0, 0, 0, 0], rtol=1e-6)
-
-
-def test_recency_weighted_newton_head_is_the_weighted_ridge_fit_of_each_task():
-    schema = tiny_schema("rating")
-    batch = random_batch(schema, T=T, seed=5)
-    model = _model(schema, batch)
-    lam, h = 3.0, 2.0
-    add_support_recency(model, h)
-    sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
-    adapted = model.adapted_names("head")
-    fast0 = initial_fast_weights(model, sparse, adapted, T)
-    spec = InnerLoopSpec(adapted=tuple(adapted), steps=1, lr=0.0, adapt_embeddings=False, embedding_lr=0.0,
-                         second_order=False, solver="newton", ridge_lambda=lam)
-    fast = adapt(model, fast0, batch, spec)
-    s = batch["support"]
-    hidden = model.tower.hidden(fast0.dense, s["dense"], sparse.embed("support")).numpy()
-    base = model.tower.forward(fast0.dense, s["dense"], sparse.embed("support")).numpy()
-    y = model.scale_labels(s["label"]).numpy()
-    last = model.tower.head_layer
-    moved = 0.0
-    for t in range(T):
-        keep = s["mask"].numpy()[t] > 0
-        n = int(keep.sum())
-        root_w = np.sqrt(0.5 ** ((n - 1 - np.arange(n)) / h))[:, None]  # valid samples fill the first slots
-        x = np.concatenate([hidden[t][keep], np.ones((n, 1))], axis=1)
-        a = np.concatenate([root_w * x, np.sqrt(lam) * np.eye(x.shape[1])])
-        r = np.concatenate([root_w[:, 0] * (y[t] - base[t])[keep], np.zeros(x.shape[1])])
-        delta = np.linalg.lstsq(a, r, rcond=None)[0]
-        b0 = model.dense_variables[f"{last}/b"].numpy()[0]
-        np.testing.assert_allclose(fast.dense[f"{last}/b"].numpy()[t, 0], b0 + delta[-1], rtol=1e-4, atol=1e-5)
-        w0 = model.dense_variables[f"{last}/w"].numpy()[:, 0]
-        np.testing.assert_allclose(fast.dense[f"{last}/w"].numpy()[t, :, 0], w0 + delta[:-1], rtol=1e-4, atol=1e-5)
-        unweighted = np.linalg.lstsq(np.concatenate([x, np.sqrt(lam) * np.eye(x.shape[1])]),
-                                     np.concatenate([(y[t] - base[t])[keep], np.zeros(x.shape[1])]), rcond=None)[0]
-        moved = max(moved, float(np.abs(delta - unweighted).max()))
-    assert moved > 1e-3  # the weights really change the fit
-
-
-@pytest.mark.parametrize("algo", ["maml", "fomaml"])
-def test_learned_half_life_gets_a_gradient_and_matches_the_task_loop(algo):
-    schema = tiny_schema("rating")
-    batch = random_batch(schema, T=T, seed=7, pad_tasks=1)
-    model = _model(schema, batch)
-    add_support_recency(model, 3.0)
-    meta = MetaConfig(algo=algo, adapt="head", inner_solver="newton", ridge_lambda=2.0, support_half_life=3.0)
-    names = list(model.dense_variables)
-    loss_v, g_v = _grads(model, lambda b: maml_loss(model, meta, b), batch)
-    loss_l, g_l = _grads(model, lambda b: maml_loss_task_loop(model, meta, b, T), batch)
-    assert loss_v == pytest.approx(loss_l, rel=1e-5)
-    for a, b in zip(g_v, g_l):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert np.abs(g_v[names.index(SUPPORT_HALF_LIFE)]).max() > 1e-5
 
 
 def test_support_half_life_needs_the_newton_head():

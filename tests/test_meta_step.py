@@ -85,32 +85,39 @@ def test_second_order_matches_finite_differences_and_differs_from_first_order():
     assert checked >= 1
 
 
-def test_erm_loss_is_the_mean_sample_loss():
+@pytest.mark.parametrize("rating_loss", ["squared", "absolute"])
+def test_erm_loss_is_the_mean_sample_loss(rating_loss):
     schema = tiny_schema("rating", n_dense=0)
     batch = random_batch(schema, T=T, seed=7)
     model = _model(schema, batch)
+    model.outer_loss = rating_loss  # model.rating_loss
     loss = float(erm_loss(model, batch))
-    # Same number by hand: unadapted model on every real sample, squared error on scaled labels.
-
+    # Same number by hand: unadapted model on every real sample, squared (or absolute) error on
+    # scaled labels.
     sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
     errs = []
     for w in ("support", "query"):
         s = model.tower.forward(model.dense_variables, batch[w]["dense"], sparse.embed(w)).numpy()
         y = (batch[w]["label"].numpy() - 3.0) / 1.0
         m = batch[w]["mask"].numpy() > 0
-        errs.append(((s - y) ** 2)[m])
+        errs.append(((s - y) ** 2 if rating_loss == "squared" else np.abs(s - y))[m])
     assert loss == pytest.approx(float(np.concatenate(errs).mean()), rel=1e-5)
 
 
-def test_newton_head_is_the_ridge_fit_of_each_task():
+@pytest.mark.parametrize("half_life", [None, 2.0])
+def test_newton_head_is_the_ridge_fit_of_each_task(half_life):
     """One Newton step on the head for ratings is, per task, the ridge regression of the
-    support residuals on [hidden, 1] with penalty λ‖Δ‖² (numpy's lstsq on the stacked system)."""
-    from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
+    support residuals on [hidden, 1] with penalty λ‖Δ‖² (numpy's lstsq on the stacked system);
+    with a support half-life h (``meta.support_half_life``) it is the *weighted* ridge fit, the
+    sample that k newer support samples follow weighing 0.5^(k/h)."""
+    from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, add_support_recency, initial_fast_weights
 
     schema = tiny_schema("rating")
     batch = random_batch(schema, T=T, seed=5)
     model = _model(schema, batch)
     lam = 3.0
+    if half_life:
+        add_support_recency(model, half_life)
     sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
     adapted = model.adapted_names("head")
     fast0 = initial_fast_weights(model, sparse, adapted, T)
@@ -122,38 +129,52 @@ def test_newton_head_is_the_ridge_fit_of_each_task():
     base = model.tower.forward(fast0.dense, s["dense"], sparse.embed("support")).numpy()
     y = model.scale_labels(s["label"]).numpy()
     last = model.tower.head_layer
+    reweighted = 0.0
     for t in range(T):
         keep = s["mask"].numpy()[t] > 0
-        x = np.concatenate([hidden[t][keep], np.ones((keep.sum(), 1))], axis=1)
-        a = np.concatenate([x, np.sqrt(lam) * np.eye(x.shape[1])])
-        r = np.concatenate([(y[t] - base[t])[keep], np.zeros(x.shape[1])])
-        delta = np.linalg.lstsq(a, r, rcond=None)[0]
+        n = int(keep.sum())
+        # valid samples fill the first slots, oldest first
+        root_w = np.sqrt(0.5 ** ((n - 1 - np.arange(n)) / half_life))[:, None] if half_life else np.ones((n, 1))
+        x = np.concatenate([hidden[t][keep], np.ones((n, 1))], axis=1)
+        ridge = np.sqrt(lam) * np.eye(x.shape[1])
+        r = (y[t] - base[t])[keep]
+        delta = np.linalg.lstsq(np.concatenate([root_w * x, ridge]),
+                                np.concatenate([root_w[:, 0] * r, np.zeros(x.shape[1])]), rcond=None)[0]
         w0 = model.dense_variables[f"{last}/w"].numpy()[:, 0]
         b0 = model.dense_variables[f"{last}/b"].numpy()[0]
         np.testing.assert_allclose(fast.dense[f"{last}/w"].numpy()[t, :, 0], w0 + delta[:-1], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(fast.dense[f"{last}/b"].numpy()[t, 0], b0 + delta[-1], rtol=1e-4, atol=1e-5)
         assert np.abs(delta).max() > 1e-3
+        plain = np.linalg.lstsq(np.concatenate([x, ridge]), np.concatenate([r, np.zeros(x.shape[1])]), rcond=None)[0]
+        reweighted = max(reweighted, float(np.abs(delta - plain).max()))
+    assert (reweighted > 1e-3) == bool(half_life)  # the weights really change the fit
 
 
+@pytest.mark.parametrize("learned", ["ridge_lambda", "support_half_life"])
 @pytest.mark.parametrize("algo", ["maml", "fomaml"])
-def test_learned_ridge_prior_gets_a_gradient_and_matches_the_task_loop(algo):
-    """λ per head feature is a dense weight: both orders train it (first order stops the
-    gradient through the support features, not through λ), and the vectorized step equals the
-    per-task loop for it too."""
-    from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, add_ridge_prior
+def test_learned_head_priors_get_a_gradient_and_match_the_task_loop(algo, learned):
+    """λ per head feature and the support half-life are dense weights: both orders train them
+    (first order stops the gradient through the support features, not through them), and the
+    vectorized step equals the per-task loop for them too."""
+    from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, SUPPORT_HALF_LIFE, add_ridge_prior, add_support_recency
 
     schema = tiny_schema("rating")
     batch = random_batch(schema, T=T, seed=7, pad_tasks=1)
     model = _model(schema, batch)
-    add_ridge_prior(model, 2.0)
-    meta = MetaConfig(algo=algo, adapt="head", inner_solver="newton", ridge_lambda=2.0, learn_ridge_lambda=True)
+    if learned == "ridge_lambda":
+        add_ridge_prior(model, 2.0)
+        meta = MetaConfig(algo=algo, adapt="head", inner_solver="newton", ridge_lambda=2.0, learn_ridge_lambda=True)
+    else:
+        add_support_recency(model, 3.0)
+        meta = MetaConfig(algo=algo, adapt="head", inner_solver="newton", ridge_lambda=2.0, support_half_life=3.0)
     names = list(model.dense_variables)
     loss_v, g_v = _grads(model, lambda b: maml_loss(model, meta, b), batch)
     loss_l, g_l = _grads(model, lambda b: maml_loss_task_loop(model, meta, b, T), batch)
     assert loss_v == pytest.approx(loss_l, rel=1e-5)
     for a, b in zip(g_v, g_l):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    assert np.abs(g_v[names.index(RIDGE_PRIOR)]).max() > 1e-4
+    weight = RIDGE_PRIOR if learned == "ridge_lambda" else SUPPORT_HALF_LIFE
+    assert np.abs(g_v[names.index(weight)]).max() > 1e-5
 
 
 @pytest.mark.parametrize("algo, adapt, second, emb", [("maml", "top", True, False), ("fomaml", "dense", False, False),
