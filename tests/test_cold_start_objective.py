@@ -71,3 +71,23 @@ def test_support_half_life_needs_the_newton_head():
         load_config(None, ["meta.support_half_life=10", "meta.inner_solver=sgd"])
     with pytest.raises(ConfigError, match="meta.support_half_life"):
         load_config(None, ["meta.support_half_life=-1", "meta.adapt=head", "meta.inner_solver=newton"])
+
+
+def test_the_movielens_example_config_and_every_erm_fine_tuning_choice_are_valid():
+    """``make quality`` applies each ERM fine-tuning candidate to the example's config: every one
+    must be a config the schema accepts (an SGD candidate with the example's support half-life
+    was not, and ``make quality`` died after an hour of training)."""
+    import dataclasses
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "movielens" / "run.py"
+    spec = importlib.util.spec_from_file_location("movielens_run", path)
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    cfg = load_config(run.CONFIG)
+    assert cfg.model.rating_loss == "absolute" and cfg.meta.support_half_life > 0
+    for choice in run.FINETUNE_CANDIDATES:
+        meta = {k: v for k, v in choice.items() if not k.startswith("finetune")}
+        dataclasses.replace(cfg.meta, **meta)  # raises ConfigError on a combination the schema refuses
+    assert {c["support_half_life"] for c in run.FINETUNE_CANDIDATES if c["inner_solver"] == "newton"} == {0.0, 5.0}

@@ -35,12 +35,13 @@ BASELINES = ["global_mean", "item_mean", "item_mean_user_bias"]
 METRICS = ["mae", "rmse", "p_at_5", "ndcg_at_5"]
 # ERM fine-tuning settings tried on the valid split; the best is used on test: SGD on the top
 # MLP (steps × learning rate), and the ridge fit of a per-user head (the MAML model's own
-# adaptation, so the comparison isolates what meta-training adds).
+# adaptation, so the comparison isolates what meta-training adds), with or without the support
+# recency weights the meta-learner uses (a fixed half-life here: ERM learns none).
 FINETUNE_CANDIDATES = (
-    [{"adapt": "top", "inner_solver": "sgd", "finetune_steps": s, "finetune_lr": lr}
+    [{"adapt": "top", "inner_solver": "sgd", "support_half_life": 0.0, "finetune_steps": s, "finetune_lr": lr}
      for s in (1, 3, 5, 10) for lr in (0.02, 0.05, 0.1, 0.2)]
-    + [{"adapt": "head", "inner_solver": "newton", "ridge_lambda": lam, "finetune_steps": 1}
-       for lam in (2.0, 5.0, 10.0, 20.0, 50.0)])
+    + [{"adapt": "head", "inner_solver": "newton", "ridge_lambda": lam, "support_half_life": h, "finetune_steps": 1}
+       for lam in (2.0, 5.0, 10.0, 20.0, 50.0) for h in (0.0, 5.0)])
 
 PROTOCOL = ("MovieLens latest-small (610 users, 100,836 ratings); a task is one user; users are split "
             "70/10/20 into train / valid / test, so valid and test users are never seen in training "
@@ -54,9 +55,16 @@ def _metrics(result: Dict, suffix: str = "") -> Dict[str, float]:
     return {m: result.get(f"{m}{suffix}") for m in METRICS}
 
 
-def _apply(cfg, choice: Dict) -> None:
+def _apply(cfg, choice: Dict, model) -> None:
+    """Set one fine-tuning choice on the ERM run's config, and on its model the support
+    half-life it fits with (a dense weight the Newton fit reads; absent = unweighted)."""
+    from gmeta_tf.meta.inner_loop import SUPPORT_HALF_LIFE, add_support_recency
+
     for key, value in choice.items():
         setattr(cfg.eval if key.startswith("finetune") else cfg.meta, key, value)
+    model.dense_variables.pop(SUPPORT_HALF_LIFE, None)
+    if choice.get("support_half_life"):
+        add_support_recency(model, choice["support_half_life"])
 
 
 def _pick_finetune(model, cfg, log) -> Dict:
@@ -64,7 +72,7 @@ def _pick_finetune(model, cfg, log) -> Dict:
 
     scored = []
     for i, choice in enumerate(FINETUNE_CANDIDATES):
-        _apply(cfg, choice)
+        _apply(cfg, choice, model)
         scored.append((evaluate(model, cfg, "erm", "valid", with_baselines=False)["mae_finetune"], i))
     value, best = min(scored)
     log(f"ERM fine-tuning chosen on valid: {FINETUNE_CANDIDATES[best]} (valid mae {value:.4f})")
@@ -98,7 +106,7 @@ def run(out: Path, overrides: Sequence[str] = (), log: Callable[[str], None] = p
         suffix = ""
         if name == "erm_finetune":
             choice = _pick_finetune(model, cfg_run, log)
-            _apply(cfg_run, choice)
+            _apply(cfg_run, choice, model)
             table["erm_finetune_choice"] = choice
             suffix = "_finetune"
         result = evaluate(model, cfg_run, algo, "test")
