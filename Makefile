@@ -8,6 +8,9 @@ PIP := $(VENV)/bin/pip
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVOD_VERSION := 0.28.1
+# Test processes (pytest-xdist); every test file runs whole in one of them (--dist loadfile).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
@@ -39,7 +42,7 @@ $(VENV)/.stamp-package: $(VENV)/.stamp-base setup.py
 # The full suite: unit and integration tiers, after the architecture contract. The soak tier
 # (20 seeded start-order runs, the kill -9 sequence over five launches) runs on its own.
 test: install lint-imports
-	$(PY) -m pytest -q -m "not soak" tests
+	$(PYTEST) -m "not soak" tests
 
 test-soak: install
 	$(PY) -m pytest -q -m soak tests
@@ -47,7 +50,7 @@ test-soak: install
 # The unit tier (tests not marked `integration` in pytest.ini): no PS, horovodrun or long
 # training; a few minutes on 2 cores.
 test-fast: install lint-imports
-	$(PY) -m pytest -q -m "not integration" tests
+	$(PYTEST) -m "not integration" tests
 
 # The layers of docs/architecture.md, as written in .importlinter.
 lint-imports: install
