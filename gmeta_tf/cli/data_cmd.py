@@ -27,13 +27,16 @@ def data():
 @click.option("--kind", default="click", show_default=True, type=click.Choice(["click", "rating"]))
 @click.option("--zipf", default=1.15, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Zipf exponent of item popularity.")
+@click.option("--day", default=0, show_default=True, type=click.IntRange(min=0),
+              help="A later day of the same world (same seed): TASKS new users after every earlier day's events, "
+                   "some item ids no earlier day had (for gmeta train --warm-start).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @friendly_errors
-def synth_cmd(out, tasks, seed, kind, zipf, overwrite):
+def synth_cmd(out, tasks, seed, kind, zipf, day, overwrite):
     """Write synthetic sample-level Parquet + columns.json to OUT."""
     from gmeta_tf.data.synth import format_summary, synth
 
-    click.echo(format_summary(synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite)))
+    click.echo(format_summary(synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite, day=day)))
 
 
 def _csv_list(value):

@@ -20,7 +20,7 @@ def launch():
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Stop everything after this many seconds.")
 @train_options(with_ps=False)
 @friendly_errors
-def local(workers, ps_count, timeout_s, config_path, overrides, data, run_dir, algo, steps, resume):
+def local(workers, ps_count, timeout_s, config_path, overrides, data, run_dir, algo, steps, resume, warm_start):
     """Run `gmeta train` as N workers with M PS on this host; every train option passes through."""
     from launch.local_cluster import launch_local
 
@@ -30,7 +30,7 @@ def local(workers, ps_count, timeout_s, config_path, overrides, data, run_dir, a
         argv += ["--config", config_path]
     for item in overrides:
         argv += ["--set", item]
-    for flag, value in (("--data", data), ("--algo", algo), ("--steps", steps)):
+    for flag, value in (("--data", data), ("--algo", algo), ("--steps", steps), ("--warm-start", warm_start)):
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--out", run_dir, "--resume" if resume else "--no-resume"]

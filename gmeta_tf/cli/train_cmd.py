@@ -19,6 +19,10 @@ def train_options(f=None, *, with_ps: bool = True):
     f = click.option("--data", default=None, help="Prepared data directory (sets data.path).")(f)
     f = click.option("--resume/--no-resume", default=True, show_default=True,
                      help="Continue from the run directory's latest checkpoint, if any.")(f)
+    f = click.option("--warm-start", "warm_start", default=None, metavar="RUN[@best|latest|STEP]|CHECKPOINT",
+                     help="Start a new run from another run's checkpoint (dense weights, optimizer state, "
+                          "tables and slots), e.g. yesterday's model on today's data. Default checkpoint: "
+                          "the source's best. Ignored when --out already has checkpoints (it resumes).")(f)
     if with_ps:
         f = click.option("--ps", default=None, metavar="HOST:PORT,...",
                          help="Addresses of running parameter servers (sets cluster.ps; default: the config, or TF_CONFIG). "
@@ -33,26 +37,26 @@ def train_config(config_path, overrides, data, algo, steps, ps=None):
     return build_config(config_path, overrides, extra)
 
 
-def run_training(cfg, run_dir, resume):
+def run_training(cfg, run_dir, resume, warm_start=None):
     """Embedded (one process, local tables) or worker mode (Horovod rank + PS), same ``train``."""
     from gmeta_tf.cluster.worker import is_distributed, worker_runtime
     from gmeta_tf.train.trainer import train as run_train
 
     rt = worker_runtime(cfg, log=lambda m: click.echo(m)) if is_distributed(cfg) else None
-    return run_train(cfg, run_dir, rt, resume=resume), rt
+    return run_train(cfg, run_dir, rt, resume=resume, warm_start=warm_start), rt
 
 
 @click.command()
 @train_options
 @friendly_errors
-def train(config_path, overrides, data, run_dir, algo, steps, resume, ps):
+def train(config_path, overrides, data, run_dir, algo, steps, resume, warm_start, ps):
     """Meta-train (or ERM-train) a DLRM.
 
     With no PS configured: the embedded default (local tables, one process). Under horovodrun
     or with --ps: a worker of the hybrid trainer (dense all-reduce, tables on the PS).
     """
     cfg = train_config(config_path, overrides, data, algo, steps, ps)
-    summary, rt = run_training(cfg, run_dir, resume)
+    summary, rt = run_training(cfg, run_dir, resume, warm_start)
     if rt is None or rt.rank == 0:
         agg = f", {summary['aggregate_tasks_per_s']:,.0f} tasks/s over {summary['ranks']} ranks" if summary["ranks"] > 1 else ""
         best = summary.get("best")

@@ -78,8 +78,17 @@ def _zscore(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / (x.std() + 1e-9)
 
 
-def generate(tasks: int, seed: int = 0, kind: str = "click", zipf: float = 1.15) -> pa.Table:
-    """Build the sample table in memory (rows ordered by timestamp, like an event log)."""
+def generate(tasks: int, seed: int = 0, kind: str = "click", zipf: float = 1.15, day: int = 0) -> pa.Table:
+    """Build the sample table in memory (rows ordered by timestamp, like an event log).
+
+    ``day`` d > 0 gives ``tasks`` *new* users of the same world (the same items, categories,
+    tags and global effects: users d·tasks … (d+1)·tasks − 1 of one seeded population), shifted
+    d times the population's time span later, so each day comes after the ones before it: a
+    later day's data for continuous training (``gmeta train --warm-start``), with
+    new users and, in the long tail, item ids the earlier days never had."""
+    if day < 0:
+        raise ValueError(f"day must be >= 0, got {day}")
+    block, tasks = tasks, tasks * (day + 1)
     if tasks < 1:
         raise ValueError(f"tasks must be >= 1, got {tasks}")
     if kind not in ("click", "rating"):
@@ -188,8 +197,13 @@ def generate(tasks: int, seed: int = 0, kind: str = "click", zipf: float = 1.15)
             columns_sidecar(kind)["label_col"]: label_arr,
         }
     )
+    if day:  # this day's users only, later in time
+        keep = user >= day * block
+        table = table.filter(pa.array(keep)).set_column(
+            table.schema.get_field_index("ts"), "ts", pa.array(ts[keep].astype(np.int64) + day * (ts.max() - ts.min() + 1)))
+        ts = ts[keep]
     # An event log is ordered by time across users; prepare must regroup it by task.
-    order = np.lexsort((np.arange(n), ts))
+    order = np.lexsort((np.arange(ts.size), ts))
     return table.take(pa.array(order))
 
 
@@ -201,6 +215,7 @@ def synth(
     zipf: float = 1.15,
     overwrite: bool = False,
     rows_per_file: int = 100_000,
+    day: int = 0,
 ) -> Dict:
     """Write ``out/samples-NNNNN.parquet`` + ``out/columns.json``; return a small summary.
 
@@ -209,7 +224,7 @@ def synth(
     """
     out_p = Path(out)
     check_target(out_p, overwrite)
-    table = generate(tasks, seed=seed, kind=kind, zipf=zipf)
+    table = generate(tasks, seed=seed, kind=kind, zipf=zipf, day=day)
     sidecar = columns_sidecar(kind)
     files = []
     with atomic_dir(out_p, overwrite) as tmp:

@@ -38,6 +38,7 @@ from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
 from gmeta_tf.train.runtime import Runtime, reachable
 from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validate
+from gmeta_tf.train.warm_start import WARM_START_FILE, WarmStartSource, check_compatible, record, resolve
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "train_summary.json"
@@ -107,16 +108,19 @@ def build_tables_once(cfg: Config, schema: dict, rt: Runtime, run_dir: str) -> B
 
 
 def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume: bool = True,
-          on_validation: Optional[OnValidation] = None) -> dict:
+          on_validation: Optional[OnValidation] = None, warm_start: Optional[str] = None) -> dict:
     """Train to ``train.steps`` (or an early stop). ``on_validation(step, metrics)`` is called
     on rank 0 after each validation (``gmeta tune`` reports to Optuna there); what it raises
-    propagates."""
+    propagates. ``warm_start`` names another run's checkpoint to start from (``warm_start.py``)."""
     rt = rt or Runtime()
     run_dir = str(run_dir)
     schema, metric = _prepare(cfg, rt)
+    warm = resolve(warm_start) if warm_start else None
+    if warm is not None:  # every rank refuses alike, before anything is built or written
+        check_compatible(warm, cfg, schema)
     built = build_tables_once(cfg, schema, rt, run_dir)
     built.ckpt.log = rt.log
-    start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume)
+    start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume, warm)
     tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
     _share_start_state(rt, built)
     run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation)
@@ -133,10 +137,11 @@ def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
 
 
 def _restore(cfg: Config, rt: Runtime, run_dir: str, schema: dict, ckpt: CheckpointManager,
-             resume: bool) -> int:
+             resume: bool, warm: Optional[WarmStartSource] = None) -> int:
     """The step to start after, agreed by every rank. Rank 0 alone restores: with PS tables it
     refills them (every rank shares them). The run's config is written only after a resume was
-    accepted: a refused resume must leave it as it was."""
+    accepted: a refused resume must leave it as it was. A run with checkpoints of its own resumes
+    from them, warm start or not; a warm start writes ``warm_start.json`` (kept across resumes)."""
     start = 0
     if rt.rank == 0:
         storage.makedirs(run_dir)
@@ -146,6 +151,12 @@ def _restore(cfg: Config, rt: Runtime, run_dir: str, schema: dict, ckpt: Checkpo
                 check_data(ckpt.restored_meta, schema, cfg.data.path, ckpt.restored, "resume")
                 check_steps(start, cfg.train.steps, ckpt.restored)
                 rt.log(f"resumed from {ckpt.restored} at step {start}")
+        if not start and warm is not None:
+            ckpt.restore(warm.checkpoint)  # weights, optimizer state, rows and slots; the step stays 0
+            storage.write_text(storage.join(run_dir, WARM_START_FILE), json.dumps(record(warm), indent=1))
+            rt.log(f"warm start from {warm.checkpoint} (step {warm.step} of {warm.given})")
+        elif start and warm is not None:
+            rt.log(f"--warm-start {warm.given} ignored: this run resumes from its own checkpoint")
         dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
     return rt.sync.broadcast_int(start)
 
@@ -322,6 +333,8 @@ def _finish(cfg: Config, rt: Runtime, run_dir: str, built: Built, tracker: BestT
     storage.makedirs(storage.join(run_dir, "ranks"))
     storage.write_text(storage.join(run_dir, "ranks", f"rank{rt.rank}.json"), json.dumps(rank_file, indent=1))
     if rt.rank == 0:
+        warm = storage.join(run_dir, WARM_START_FILE)  # which checkpoint the run started from, if any
+        summary["warm_start"] = json.loads(storage.read_text(warm)) if storage.exists(warm) else None
         storage.write_text(storage.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
         if run.writer is not None:
             run.writer.flush()

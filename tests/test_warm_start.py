@@ -1,0 +1,127 @@
+"""``gmeta train --warm-start``: yesterday's run, today's data (new users, new item ids)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gmeta_tf.config.loader import load_config
+from gmeta_tf.embedding.table_files import read_table
+from gmeta_tf.errors import CheckpointError, DataError
+
+pytestmark = pytest.mark.integration  # trains three small runs
+
+SETS = ["data.tasks_per_batch=8", "data.support=8", "data.query=8", "data.shuffle_buffer=64",
+        "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]", "train.log_every=10",
+        "train.eval_every=10", "train.early_stop_patience=100", "train.checkpoint_every=10"]
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory):
+    """Two days of one synthetic world: day 1 has new users and, in the long tail, new item ids."""
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    root = tmp_path_factory.mktemp("days")
+    out = {}
+    for day in (0, 1):
+        synth(str(root / f"raw{day}"), tasks=400, seed=5, day=day)
+        prepare([str(root / f"raw{day}")], str(root / f"day{day}"), load_config("configs/quickstart.yaml").prepare)
+        out[day] = root / f"day{day}"
+    return out
+
+
+def _cfg(data: Path, *extra):
+    return load_config("configs/quickstart.yaml", [f"data.path={data}", *SETS, *extra])
+
+
+@pytest.fixture(scope="module")
+def yesterday(days, tmp_path_factory):
+    from gmeta_tf.train.trainer import train
+
+    run = tmp_path_factory.mktemp("yesterday") / "run"
+    train(_cfg(days[0], "train.steps=60"), run)
+    return run
+
+
+def _rows(ckpt_dir: Path, table: str) -> dict:
+    keys, values = read_table(str(ckpt_dir), table)
+    return dict(zip(keys.tolist(), values))
+
+
+def _dense_optimizer_iterations(ckpt_dir: Path) -> int:
+    reader = tf.train.load_checkpoint(str(ckpt_dir / "dense"))
+    name = next(n for n in reader.get_variable_to_shape_map() if n.startswith("dense_optimizer/_iterations"))
+    return int(reader.get_tensor(name))
+
+
+def test_warm_start_carries_weights_rows_and_slots_and_learns_new_ids(days, yesterday, tmp_path):
+    from gmeta_tf.train.trainer import train
+
+    source = json.loads((yesterday / "train_summary.json").read_text())
+    source_ckpt = yesterday / "checkpoints" / f"ckpt-{source['best']['step']:08d}"
+    warm = train(_cfg(days[1], "train.steps=20"), tmp_path / "warm", warm_start=str(yesterday))
+    scratch = train(_cfg(days[1], "train.steps=20"), tmp_path / "scratch")
+
+    assert warm["start_step"] == 0 and warm["last_step"] == 20
+    assert warm["warm_start"]["checkpoint"] == str(source_ckpt)  # the source's best step by default
+    assert warm["warm_start"]["step"] == source["best"]["step"]
+    assert json.loads((tmp_path / "warm" / "warm_start.json").read_text()) == warm["warm_start"]
+    # The dense optimizer continues: its step counter counts yesterday's steps too.
+    ckpt = tmp_path / "warm" / "checkpoints" / "ckpt-00000020"
+    assert _dense_optimizer_iterations(ckpt) == _dense_optimizer_iterations(source_ckpt) + 20
+    # Rows (and their Adam slots) of ids today's data never touched are yesterday's, bit for bit;
+    # today's new ids got rows of their own.
+    table_dir = ckpt / "tables"
+    slot_tables = sorted({p.name.split("-", 1)[0] for p in table_dir.iterdir()} - {"item_id"})
+    old, new = _rows(source_ckpt, "item_id"), _rows(ckpt, "item_id")
+    kept = [k for k in old if k in new and np.array_equal(old[k], new[k])]
+    assert len(kept) > 0.5 * len(old)  # most of yesterday's items are not in today's batches
+    assert set(old) <= set(new)  # nothing of yesterday's was lost
+    assert len(set(new) - set(old)) > 100  # today's new items
+    assert slot_tables  # the optimizer's slot tables were checkpointed too
+    # Warm start is worth it: its first validation is better than a from-scratch run's.
+    first_warm, first_scratch = warm["validation"][0]["auc"], scratch["validation"][0]["auc"]
+    assert first_warm > first_scratch + 0.01, (first_warm, first_scratch)
+
+
+def test_a_restarted_warm_run_resumes_its_own_checkpoint(days, yesterday, tmp_path):
+    from gmeta_tf.train.trainer import train
+
+    run = tmp_path / "warm"
+    train(_cfg(days[1], "train.steps=10"), run, warm_start=f"{yesterday}@latest")
+    again = train(_cfg(days[1], "train.steps=20"), run, warm_start=f"{yesterday}@latest")
+    assert again["start_step"] == 10 and again["last_step"] == 20
+    assert again["warm_start"]["checkpoint"].endswith("ckpt-00000060")  # still names its source
+
+
+@pytest.mark.parametrize("change, key", [("model.top_mlp=[32]", "model.top_mlp"),
+                                         ("model.embedding_dim=4", "model.embedding_dim"),
+                                         ("train.optimizer=adagrad", "train.optimizer")])
+def test_a_mismatched_config_is_refused_naming_the_key_and_writes_nothing(days, yesterday, tmp_path, change, key):
+    from gmeta_tf.train.trainer import train
+
+    run = tmp_path / "warm"
+    with pytest.raises(CheckpointError, match=key.replace(".", r"\.")):
+        train(_cfg(days[1], "train.steps=10", change), run, warm_start=str(yesterday))
+    assert not run.exists()
+
+
+def test_mismatched_data_and_bad_sources_are_one_line_errors(days, yesterday, tmp_path, prepared_kinds):
+    from click.testing import CliRunner
+
+    from gmeta_tf.cli.main import cli
+    from gmeta_tf.train.trainer import train
+
+    with pytest.raises(DataError, match="warm-start from.*label"):  # rating data for a click model
+        train(_cfg(prepared_kinds["rating"], "train.steps=10"), tmp_path / "a", warm_start=str(yesterday))
+    with pytest.raises(CheckpointError, match="no complete checkpoint for step 7"):
+        train(_cfg(days[1], "train.steps=10"), tmp_path / "b", warm_start=f"{yesterday}@7")
+    result = CliRunner().invoke(cli, ["train", "--config", "configs/quickstart.yaml", "--data", str(days[1]),
+                                      "--out", str(tmp_path / "c"), "--warm-start", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert "neither a run directory" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
