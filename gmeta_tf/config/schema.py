@@ -156,8 +156,15 @@ class ModelConfig:
     # point prediction. Only the outer objective (the query loss of MAML, ERM's loss) uses it:
     # the inner loop keeps fitting a user's support with squared error.
     rating_loss: Literal["squared", "absolute"] = "squared"
+    # ``{table: N}``: keep at most N rows in that table (continuous training on ever newer ids).
+    # After every step the least-updated rows beyond N go, with their optimizer slots
+    # (``EmbeddingTable.evict``; TFRA's FrequencyRestrictPolicy counts the updates, and the counts
+    # are checkpointed, so a resume evicts exactly as an uninterrupted run).
+    max_rows: Dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, n in self.max_rows.items():
+            _require(isinstance(n, int) and n >= 1, f"model.max_rows.{name}", f"must be an integer >= 1, got {n!r}")
         _require(self.embedding_dim >= 1, "model.embedding_dim", "must be >= 1")
         _require(self.embedding_l2 >= 0, "model.embedding_l2", f"must be >= 0, got {self.embedding_l2}")
         for key in ("bottom_mlp", "top_mlp"):

@@ -34,6 +34,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
+from gmeta_tf.config.schema import ConfigError
 from gmeta_tf.embedding import table_files
 from gmeta_tf.embedding.column_split import ColumnSplitTable, sync_block_iterations, table_iterations
 from gmeta_tf.embedding.devices import table_devices
@@ -55,18 +56,23 @@ class TrainableRows:
 
 def create_tables(names: Sequence[str], dim: int, *, namespace: str, ps_tasks: int,
                   placement: Mapping[str, object], init_stddev: float, seed: int, bp_v2: bool,
-                  expected_rows: Mapping[str, int]) -> List[Table]:
+                  expected_rows: Mapping[str, int], counted: Sequence[str] = ()) -> List[Table]:
     """One table per name, in order (table i is seeded ``seed + i``). ``placement[name]`` is a
-    list of PS tasks, a ``ColumnSplit`` (the planner's column blocks), or absent (every PS)."""
+    list of PS tasks, a ``ColumnSplit`` (the planner's column blocks), or absent (every PS).
+    ``counted`` tables (``model.max_rows``) count each id's updates, for ``Embeddings.evict``."""
     tables: List[Table] = []
     for i, name in enumerate(names):
         spec = placement.get(name)
+        if name in counted and isinstance(spec, ColumnSplit):
+            raise ConfigError(f"config key 'model.max_rows': table {name!r} is column-split by the placement; "
+                              f"bounding a split table's rows is not supported, drop one of the two")
         if isinstance(spec, ColumnSplit):  # planner's column split: n tables of dim d/n
             tables.append(ColumnSplitTable(name, dim, spec.columns, ps_tasks, namespace, init_stddev,
                                            seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0)))
         else:
             tables.append(EmbeddingTable(name, dim, table_devices(ps_tasks, spec), namespace, init_stddev,
-                                         seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0)))
+                                         seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0),
+                                         counted=name in counted))
     return tables
 
 
@@ -102,6 +108,9 @@ class Embeddings:
         """Steps 2 and 3 of the life above, in their order: hot tier, then slots (+ prefetch).
         ``cfg`` is the run's ``Config`` (``hot.*``, ``train.embedding_*``, ``data.*``)."""
         hot = self.add_hot_tier(cfg, sync, log)
+        if hot is not None and cfg.model.max_rows:
+            raise ConfigError("config key 'model.max_rows': bounded tables and a hot tier (hot.budget) "
+                              "do not go together yet; set one of them")
         self.build_slots(emb_opt)
         return hot
 
@@ -206,6 +215,13 @@ class Embeddings:
         (the replicas are identical, so rank 0's copy is everyone's)."""
         if self.hot is not None:
             self.hot.write_back(self._opt())
+
+    def evict(self, max_rows: Mapping[str, int]) -> Dict[str, int]:
+        """Bound each named table to ``max_rows[name]`` rows (``EmbeddingTable.evict``): rank 0,
+        between steps, after every rank's updates reached the PS; rows removed per table."""
+        by_name = {t.name: t for t in self.tables}
+        return {name: by_name[name].evict(limit, self._opt().for_shadow(by_name[name].shadow))
+                for name, limit in max_rows.items()}
 
     def load_hot(self) -> None:
         """Rank 0 reads the hot rows from the (restored) PS tables; the caller broadcasts

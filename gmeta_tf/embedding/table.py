@@ -46,7 +46,8 @@ class EmbeddingTable:
     """
 
     def __init__(self, name: str, dim: int, devices: Sequence[str], namespace: str,
-                 init_stddev: float, seed: int, bp_v2: bool = False, expected_rows: int = 0):
+                 init_stddev: float, seed: int, bp_v2: bool = False, expected_rows: int = 0,
+                 counted: bool = False):
         self.name = name
         self.dim = dim
         self.devices = list(devices)
@@ -57,6 +58,9 @@ class EmbeddingTable:
             initializer=tf.keras.initializers.RandomNormal(stddev=init_stddev, seed=seed),
             kv_creator=NamedCuckooHashTableCreator(namespace), bp_v2=bp_v2,
             init_size=initial_capacity(expected_rows),
+            # ``counted`` (model.max_rows): TFRA counts every id's updates in a status table of its
+            # own (``frequency``), which ``evict`` reads and the checkpoint saves.
+            restrict_policy=de.FrequencyRestrictPolicy if counted else None,
         )
         self.shadow = de.shadow_ops.ShadowVariable(self.variable, name=f"{variable_name(namespace, name)}-shadow")
 
@@ -94,6 +98,31 @@ class EmbeddingTable:
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:
         return export_variable(self.variable)
+
+    @property
+    def frequency(self):
+        """The update count per id (a TFRA table, dim 1, int32) when the table is counted, else None."""
+        policy = self.variable.restrict_policy
+        return policy.status if policy is not None else None
+
+    def evict(self, max_rows: int, optimizer) -> int:
+        """Remove the least-updated rows (ties: the smallest ids) and their optimizer slots and
+        counts until at most ``max_rows`` remain; the number removed.
+
+        Why not TFRA's own ``restrict``: it picks among rows of equal count in hash-table export
+        order, which differs after a restore refills the table, so a resumed run would evict other
+        rows than an uninterrupted one. Sorting by (count, id) makes eviction a function of the
+        checkpointed counts, and the resume exact. The counts are TFRA's
+        ``FrequencyRestrictPolicy`` status, updated by the optimizer's apply."""
+        size = self.size()
+        if size <= max_rows:
+            return 0
+        keys, counts = export_variable(self.frequency)
+        order = np.lexsort((keys, counts.reshape(-1)))  # fewest updates first, then the smallest id
+        victims = tf.constant(keys[order[: size - max_rows]], tf.int64)
+        for var in [self.variable, self.frequency, *self.slot_variables(optimizer)]:
+            var.remove(victims)
+        return int(victims.shape[0])
 
     def slot_variables(self, optimizer) -> List["de.Variable"]:
         """This table's optimizer slot tables (Adam: m, v).

@@ -54,13 +54,20 @@ def slot_key(table_name: str, slot_var) -> str:
     return f"{table_name}.{slot_name(slot_var)}"
 
 
+# The file key suffix of a counted table's update counts (``model.max_rows``): ``<table>.frequency``.
+FREQUENCY = "frequency"
+
+
 def files_of(tables: Sequence, emb_opt) -> Dict[str, object]:
-    """``{file key: de.Variable}`` of every TFRA table and its optimizer slot tables."""
+    """``{file key: de.Variable}`` of every TFRA table, its optimizer slot tables and, for a
+    counted table, its update counts (what eviction reads: saved, so a resume evicts alike)."""
     out = {}
     for table in tables:
         out[table.name] = table.variable
         for slot in table.slot_variables(emb_opt.for_shadow(table.shadow)):
             out[slot_key(table.name, slot)] = slot
+        if getattr(table, "frequency", None) is not None:
+            out[f"{table.name}.{FREQUENCY}"] = table.frequency
     return out
 
 
@@ -85,6 +92,9 @@ def restore_tables(checkpoint_dir: str, variables: Dict[str, object], table_name
         f = table_file(tables_dir, key)
         if storage.exists(f):
             keys, values = _load(f)
+        elif key.endswith(f".{FREQUENCY}"):  # a checkpoint of a run without model.max_rows: counts start at 0
+            var.clear()
+            continue
         else:  # saved under another column split of the table (plan changed, or evaluation)
             got = load_resplit(tables_dir, key, table_names)
             if got is None:

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
-from gmeta_tf.config.schema import ModelConfig
+from gmeta_tf.config.schema import ConfigError, ModelConfig
 from gmeta_tf.embedding.collection import Embeddings, create_tables
 from gmeta_tf.embedding.naming import local_namespace
 from gmeta_tf.embedding.table import EmbeddingTable, Table
@@ -36,12 +36,16 @@ class DLRM(TowerModel):
         if unknown:  # a typo would otherwise silently leave the table row-sharded over every PS
             raise ClusterError(f"cluster.placement names table(s) {unknown} that the data does not have "
                                f"(tables: {', '.join(self.table_names)})")
+        unknown = sorted(set(cfg.max_rows) - set(self.table_names))
+        if unknown:
+            raise ConfigError(f"config key 'model.max_rows': no table {unknown} in the data "
+                              f"(tables: {', '.join(self.table_names)})")
         rows = {c["name"]: int(c.get("cardinality", 0)) for c in schema["categorical"] + schema["multi_hot"]}
         # Every table of the model, for its whole life (gmeta_tf/embedding/collection.py).
         self.embeddings = Embeddings(
             create_tables(self.table_names, cfg.embedding_dim, namespace=self.namespace, ps_tasks=ps_tasks,
                           placement=placement, init_stddev=cfg.init_stddev, seed=cfg.seed, bp_v2=bp_v2,
-                          expected_rows=rows),
+                          expected_rows=rows, counted=list(cfg.max_rows)),
             self.cat_names, self.multi_names)
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
         self.label_mean, self.label_std = label_scaling(schema)

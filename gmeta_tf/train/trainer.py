@@ -254,6 +254,8 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
             # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
             batch, upcoming = upcoming, (next(it) if step < end else None)
             loss = _train_step(rt, built, step, batch, upcoming)
+            if cfg.model.max_rows:
+                _evict(built, rt, cfg.model.max_rows)
             window.add(loss)
             last = step == cfg.train.steps
             if step % cfg.train.log_every == 0 or last:
@@ -354,6 +356,16 @@ def _save_checkpoint(built: Built, rt: Runtime, step: int, meta: dict, files: Di
         path = built.ckpt.save(step, meta, files=files)
     rt.sync.barrier()
     return path
+
+
+def _evict(built: Built, rt: Runtime, max_rows: Dict[str, int]) -> None:
+    """Bound the tables of ``model.max_rows`` between steps: every rank's updates are on the PS
+    (quiesce, barrier) before rank 0 removes rows, and nobody steps until it is done."""
+    built.model.embeddings.quiesce()
+    rt.sync.barrier()
+    if rt.rank == 0:
+        built.model.embeddings.evict(max_rows)
+    rt.sync.barrier()
 
 
 def _validation_point(cfg: Config, model: DLRM, rt: Runtime, tracker: BestTracker, step: int,
