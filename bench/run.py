@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``); the other sections' previous results stay in the
+``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``); the other sections' previous results stay in the
 JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
@@ -106,6 +106,12 @@ def bench_sharding(results: Dict) -> None:
     results["sharding"] = run(measure_all=os.environ.get("GMETA_BENCH_SHARDING_MEASURE") == "all")
 
 
+def bench_delivery(results: Dict) -> None:
+    from bench.delivery import measure
+
+    results["delivery"] = measure(WORK / "delivery")
+
+
 def bench_export(results: Dict) -> None:
     from bench.export_lookup import measure
 
@@ -115,7 +121,7 @@ def bench_export(results: Dict) -> None:
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
                                                 "sharding": bench_sharding, "hot_split": bench_hot_split,
                                                 "startup": bench_startup, "serve": bench_serve,
-                                                "export": bench_export}
+                                                "export": bench_export, "delivery": bench_delivery}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -162,6 +168,8 @@ HEADLINES = [
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
     ("export.static_ns_per_id_hit", "exported table lookup (1M rows), ns per id", ""),
     ("export.static_over_tfra", "exported table lookup / TFRA lookup (per id)", ""),
+    ("delivery.steps_ratio_warm_over_scratch", "steps to the from-scratch best valid AUC, warm start / scratch", "≤ 0.25"),
+    ("delivery.time_ratio_warm_over_scratch", "… same, wall time", "≤ 0.25"),
 ]
 
 
