@@ -81,3 +81,40 @@ def test_the_table_stays_bounded_slots_follow_and_the_resume_is_exact(prepared_k
         ia, ib = np.argsort(a_keys), np.argsort(b_keys)
         np.testing.assert_array_equal(a_keys[ia], b_keys[ib])
         np.testing.assert_array_equal(a_vals[ia], b_vals[ib])
+
+
+@pytest.mark.integration
+def test_two_workers_two_ps_warm_start_and_stay_bounded(prepared_kinds, tmp_path):
+    """Real PS processes and ``horovodrun -np 2`` (``gmeta launch local``): the warm start refills
+    the PS tables from an embedded run's checkpoint, rank 0 evicts between steps while the other
+    rank waits, and both ranks end with the same dense weights."""
+    import uuid
+
+    from cluster_helpers import LAUNCH_ID_ENV, processes_with_env, rank_summaries, run_gmeta
+
+    from gmeta_tf.train.trainer import train
+
+    data = prepared_kinds["click"]
+    train(_cfg(data, "train.steps=10"), tmp_path / "yesterday")
+    run, launch_id = tmp_path / "dist", uuid.uuid4().hex
+    sets = [*SETS, f"model.max_rows.item_id={MAX_ROWS}", "train.checkpoint_every=15"]
+    args = ["--config", "configs/quickstart.yaml", "--data", str(data), "--out", str(run), "--steps", "30",
+            "--warm-start", str(tmp_path / "yesterday")]
+    for s in sets:
+        args += ["--set", s]
+    r = run_gmeta(["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "500", *args],
+                  timeout=600, env={LAUNCH_ID_ENV: launch_id})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert processes_with_env(LAUNCH_ID_ENV, launch_id) == []
+    ranks = rank_summaries(run)
+    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["warm_start"]["checkpoint"].endswith("ckpt-00000010")
+    assert sum(summary["table_rows_per_ps"]["item_id"]) <= MAX_ROWS
+    old, _ = read_table(str(_ckpt(tmp_path / "yesterday", 10)), "item_id")
+    for step in (15, 30):
+        keys, _ = read_table(str(_ckpt(run, step)), "item_id")
+        assert len(keys) <= MAX_ROWS
+        slots, _ = read_table(str(_ckpt(run, step)), "item_id.v")
+        assert sorted(slots.tolist()) == sorted(keys.tolist())
+    assert set(keys.tolist()) != set(old.tolist())  # trained on: rows came and went
