@@ -29,13 +29,7 @@ def pick_checkpoint(run_dir: str, which: str = "best") -> str:
     files = CheckpointFiles(ckpt_dir)
     if not storage.exists(ckpt_dir) or not files.all_checkpoints():
         raise CheckpointError(f"{run_dir}: no complete checkpoint in {ckpt_dir}; train the run first")
-    if which == "best":
-        best = files.best()
-        path = best["checkpoint"] if best else files.latest()
-    elif which == "latest":
-        path = files.latest()
-    else:
-        path = files.step_path(which)
+    path = files.pick(which)
     problem = files.damage(path)
     if problem is not None:
         steps = ", ".join(str(int(storage.basename(c)[5:])) for c in files.all_checkpoints())

@@ -108,6 +108,17 @@ class CheckpointFiles:
         store.write_text(store.join(self.dir, BEST),
                          json.dumps({"checkpoint": store.basename(path), **info}, indent=1))
 
+    def pick(self, which: str = "best") -> Optional[str]:
+        """The checkpoint ``which`` names (``best``: the latest when the run recorded no best;
+        ``latest``; or a step number, which must exist); None when there is none. Not checked for
+        damage: the caller says what a damaged one means for it."""
+        if which == "best":
+            best = self.best()
+            return best["checkpoint"] if best else self.latest()
+        if which == "latest":
+            return self.latest()
+        return self.step_path(which)
+
     def step_path(self, which: str) -> str:
         """The complete checkpoint of step ``which`` (a number, as ``--checkpoint`` takes it)."""
         try:

@@ -63,18 +63,10 @@ def resolve(given: str) -> WarmStartSource:
         if not storage.exists(ckpts):
             raise CheckpointError(f"--warm-start {given}: {run} is neither a run directory (no checkpoints/) "
                                   f"nor a checkpoint directory (no {META})")
-        files = CheckpointFiles(ckpts, log=lambda m: None)
-        which = which or "best"
-        if which == "best":
-            best = files.best()
-            path = best["checkpoint"] if best else files.latest()
-        elif which == "latest":
-            path = files.latest()
-        else:
-            try:
-                path = files.step_path(which)
-            except CheckpointError as e:
-                raise CheckpointError(f"--warm-start {given}: {e}") from None
+        try:
+            path = CheckpointFiles(ckpts, log=lambda m: None).pick(which or "best")
+        except CheckpointError as e:
+            raise CheckpointError(f"--warm-start {given}: {e}") from None
         if not path:
             raise CheckpointError(f"--warm-start {given}: {ckpts} holds no complete checkpoint")
     if not storage.exists(storage.join(path, META)):
