@@ -13,7 +13,7 @@ from gmeta_tf.cli.train_cmd import run_training, train_config, train_options
 @click.command("entrypoint")
 @train_options(with_ps=False)
 @friendly_errors
-def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume):
+def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume, warm_start):
     """Serve as a PS or train as a Horovod worker, as TF_CONFIG says."""
     from gmeta_tf.cluster.tf_config import parse_tf_config
     from launch.tfjob_pod import DEFAULT_HEALTH_PORT, _int_env, start_rendezvous_if_rank0, worker_env
@@ -29,7 +29,8 @@ def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume):
     os.environ.update(worker_env(tfc))
     rendezvous = start_rendezvous_if_rank0(tfc)
     try:
-        summary, rt = run_training(cfg, run_dir, resume=True)  # a restarted pod continues the job
+        # A restarted pod continues the job (a warm start only applies before its first checkpoint).
+        summary, rt = run_training(cfg, run_dir, resume=True, warm_start=warm_start)
     finally:
         if rendezvous is not None:
             rendezvous.stop()
