@@ -87,7 +87,10 @@ def test_the_movielens_example_config_and_every_erm_fine_tuning_choice_are_valid
     spec.loader.exec_module(run)
     cfg = load_config(run.CONFIG)
     assert cfg.model.rating_loss == "absolute" and cfg.meta.support_half_life > 0
+    assert cfg.meta.support_loss == "absolute"
     for choice in run.FINETUNE_CANDIDATES:
         meta = {k: v for k, v in choice.items() if not k.startswith("finetune")}
         dataclasses.replace(cfg.meta, **meta)  # raises ConfigError on a combination the schema refuses
-    assert {c["support_half_life"] for c in run.FINETUNE_CANDIDATES if c["inner_solver"] == "newton"} == {0.0, 5.0}
+    newton = [c for c in run.FINETUNE_CANDIDATES if c["inner_solver"] == "newton"]
+    assert {c["support_half_life"] for c in newton} == {0.0, 5.0}
+    assert {c["support_loss"] for c in newton} == {"squared", "absolute"}  # ERM may fit as the meta-learner does

@@ -40,10 +40,12 @@ RUNS = {
                                  "train.eval_every=5"]),
     # The MovieLens example's data features: target encoding of the item (prepared with it) and
     # rare items and tags pooled into RARE_ID; k chosen so that some test ids are rare.
-    # Also its recency-weighted support fit (meta.support_half_life, learned) and absolute loss.
+    # Also its recency-weighted, least-absolute-deviations support fit (meta.support_half_life,
+    # learned; meta.support_loss) and absolute outer loss.
     "rating_te_rare": ("rating_te", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
                                      "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
                                      "meta.support_half_life=4", "model.rating_loss=absolute",
+                                     "meta.support_loss=absolute",
                                      "train.eval_every=5", "data.min_id_count.item_id=3",
                                      "data.min_id_count.item_tags=3"]),
 }
@@ -322,6 +324,7 @@ def test_rare_ids_and_target_encoding_are_the_graphs(exports):
     schema = json.loads((run.parent / "export" / "assets.extra" / "schema.json").read_text())
     cfg = load_config(run / "config.yaml")
     assert {f: r["min_id_count"] for f, r in transforms["rare_ids"].items()} == {"item_id": 3, "item_tags": 3}
+    assert (manifest["adaptation"]["support_loss"], manifest["adaptation"]["irls_steps"]) == ("absolute", 3)
     assert transforms["computed_dense"][0]["features"] == ["te.item_id.mean", "te.item_id.log_count"]
     assert transforms["dense_inputs"] == ["price", "item_age_days", "user_activity"]
     dense_in = next(x for x in manifest["signatures"]["predict"]["inputs"] if x["role"] == "dense")

@@ -150,7 +150,70 @@ def test_newton_head_is_the_ridge_fit_of_each_task(half_life):
     assert (reweighted > 1e-3) == bool(half_life)  # the weights really change the fit
 
 
-@pytest.mark.parametrize("learned", ["ridge_lambda", "support_half_life"])
+@pytest.mark.parametrize("half_life", [None, 2.0])
+def test_absolute_support_loss_is_the_irls_fit_of_each_task(half_life):
+    """``meta.support_loss: absolute``: per task, ``irls_steps`` re-weighted ridge solves from the
+    shared head, each sample weighing (recency ×) 1 / max(|r − XΔ|, δ) normalised to mean 1 --
+    computed here by hand in numpy; a planted outlier rating moves the fit far less than it moves
+    the least-squares fit."""
+    from gmeta_tf.meta.inner_loop import IRLS_DELTA, InnerLoopSpec, adapt, add_support_recency, initial_fast_weights
+
+    schema = tiny_schema("rating")
+    batch = random_batch(schema, T=T, seed=5)
+    model = _model(schema, batch)
+    lam, steps = 3.0, 3
+    if half_life:
+        add_support_recency(model, half_life)
+    sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
+    adapted = model.adapted_names("head")
+    fast0 = initial_fast_weights(model, sparse, adapted, T)
+    spec = InnerLoopSpec(adapted=tuple(adapted), steps=1, lr=0.0, adapt_embeddings=False, embedding_lr=0.0,
+                         second_order=False, solver="newton", ridge_lambda=lam)
+    fast_abs = adapt(model, fast0, batch, InnerLoopSpec(**{**spec.__dict__, "support_loss": "absolute",
+                                                            "irls_steps": steps}))
+    s = batch["support"]
+    hidden = model.tower.hidden(fast0.dense, s["dense"], sparse.embed("support")).numpy()
+    base = model.tower.forward(fast0.dense, s["dense"], sparse.embed("support")).numpy()
+    y = model.scale_labels(s["label"]).numpy()
+    last = model.tower.head_layer
+    w0 = model.dense_variables[f"{last}/w"].numpy()[:, 0]
+    b0 = model.dense_variables[f"{last}/b"].numpy()[0]
+    for t in range(T):
+        keep = s["mask"].numpy()[t] > 0
+        n = int(keep.sum())
+        recency = 0.5 ** ((n - 1 - np.arange(n)) / half_life) if half_life else np.ones(n)
+        x = np.concatenate([hidden[t][keep], np.ones((n, 1))], axis=1).astype(np.float64)
+        r = (y[t] - base[t])[keep].astype(np.float64)
+
+        def solve(w):
+            return np.linalg.solve(x.T @ (w[:, None] * x) + lam * np.eye(x.shape[1]), x.T @ (w * r))
+
+        delta = solve(recency)
+        for _ in range(steps):
+            robust = 1.0 / np.maximum(np.abs(r - x @ delta), IRLS_DELTA)
+            robust *= recency.sum() / (robust * recency).sum()
+            delta = solve(recency * robust)
+        np.testing.assert_allclose(fast_abs.dense[f"{last}/w"].numpy()[t, :, 0], w0 + delta[:-1], rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(fast_abs.dense[f"{last}/b"].numpy()[t, 0], b0 + delta[-1], rtol=1e-3, atol=1e-4)
+    # One outlier (each task's oldest support rating + 6 std) moves the robust fit's query scores,
+    # summed over the tasks with a few support samples, less than half as far as it moves the least-squares fit's.
+    label = s["label"].numpy().copy()
+    label[:, 0] += 6.0 * model.label_std
+    spoiled = {**batch, "support": {**s, "label": tf.constant(label)}}
+    q = batch["query"]
+
+    def query_shift(spec_):
+        clean = model.tower.forward(adapt(model, fast0, batch, spec_).dense, q["dense"], sparse.embed("query"))
+        moved = model.tower.forward(adapt(model, fast0, spoiled, spec_).dense, q["dense"], sparse.embed("query"))
+        return np.abs((moved - clean).numpy() * q["mask"].numpy()).sum(axis=1)
+
+    robust = InnerLoopSpec(**{**spec.__dict__, "support_loss": "absolute", "irls_steps": steps})
+    several = s["mask"].numpy().sum(axis=1) >= 4  # a task of 1 support sample has nothing to weigh against
+    assert several.sum() >= 2
+    assert query_shift(robust)[several].sum() < 0.5 * query_shift(spec)[several].sum()
+
+
+@pytest.mark.parametrize("learned", ["ridge_lambda", "support_half_life", "support_loss"])
 @pytest.mark.parametrize("algo", ["maml", "fomaml"])
 def test_learned_head_priors_get_a_gradient_and_match_the_task_loop(algo, learned):
     """λ per head feature and the support half-life are dense weights: both orders train them
@@ -164,9 +227,10 @@ def test_learned_head_priors_get_a_gradient_and_match_the_task_loop(algo, learne
     if learned == "ridge_lambda":
         add_ridge_prior(model, 2.0)
         meta = MetaConfig(algo=algo, adapt="head", inner_solver="newton", ridge_lambda=2.0, learn_ridge_lambda=True)
-    else:
+    else:  # support_loss: the robust (IRLS) fit, with the learned half-life
         add_support_recency(model, 3.0)
-        meta = MetaConfig(algo=algo, adapt="head", inner_solver="newton", ridge_lambda=2.0, support_half_life=3.0)
+        meta = MetaConfig(algo=algo, adapt="head", inner_solver="newton", ridge_lambda=2.0, support_half_life=3.0,
+                          support_loss="absolute" if learned == "support_loss" else "squared")
     names = list(model.dense_variables)
     loss_v, g_v = _grads(model, lambda b: maml_loss(model, meta, b), batch)
     loss_l, g_l = _grads(model, lambda b: maml_loss_task_loop(model, meta, b, T), batch)
@@ -192,3 +256,18 @@ def test_inner_loop_spec_is_derived_from_the_config_in_one_place(algo, adapt, se
     assert (ev.steps, ev.lr, ev.second_order, ev.adapted) == (7, 0.1, False, spec.adapted)
     with pytest.raises(AttributeError):  # frozen: a spec passed down cannot be changed underway
         spec.steps = 1
+
+
+def test_absolute_support_loss_is_refused_where_it_cannot_apply():
+    """It re-weights the Newton head's fit of rating labels: with SGD, or on click labels, the
+    config error names the key."""
+    from gmeta_tf.config.schema import ConfigError
+    from gmeta_tf.meta.inner_loop import InnerLoopSpec
+
+    with pytest.raises(ConfigError, match="meta.support_loss"):
+        MetaConfig(adapt="head", support_loss="absolute")
+    with pytest.raises(ConfigError, match="meta.irls_steps"):
+        MetaConfig(adapt="head", inner_solver="newton", support_loss="absolute", irls_steps=0)
+    clicks = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), tiny_schema("click"))
+    with pytest.raises(ConfigError, match="meta.support_loss"):
+        InnerLoopSpec.from_meta(clicks, MetaConfig(adapt="head", inner_solver="newton", support_loss="absolute"))

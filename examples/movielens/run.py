@@ -36,12 +36,15 @@ METRICS = ["mae", "rmse", "p_at_5", "ndcg_at_5"]
 # ERM fine-tuning settings tried on the valid split; the best is used on test: SGD on the top
 # MLP (steps × learning rate), and the ridge fit of a per-user head (the MAML model's own
 # adaptation, so the comparison isolates what meta-training adds), with or without the support
-# recency weights the meta-learner uses (a fixed half-life here: ERM learns none).
+# recency weights the meta-learner uses (a fixed half-life here: ERM learns none), fitted by least
+# squares or, like the meta-learner, by least absolute deviations (meta.support_loss).
 FINETUNE_CANDIDATES = (
-    [{"adapt": "top", "inner_solver": "sgd", "support_half_life": 0.0, "finetune_steps": s, "finetune_lr": lr}
+    [{"adapt": "top", "inner_solver": "sgd", "support_half_life": 0.0, "support_loss": "squared",
+      "finetune_steps": s, "finetune_lr": lr}
      for s in (1, 3, 5, 10) for lr in (0.02, 0.05, 0.1, 0.2)]
-    + [{"adapt": "head", "inner_solver": "newton", "ridge_lambda": lam, "support_half_life": h, "finetune_steps": 1}
-       for lam in (2.0, 5.0, 10.0, 20.0, 50.0) for h in (0.0, 5.0)])
+    + [{"adapt": "head", "inner_solver": "newton", "ridge_lambda": lam, "support_half_life": h,
+        "support_loss": loss, "finetune_steps": 1}
+       for lam in (2.0, 5.0, 10.0, 20.0, 50.0) for h in (0.0, 5.0) for loss in ("squared", "absolute")])
 
 PROTOCOL = ("MovieLens latest-small (610 users, 100,836 ratings); a task is one user; users are split "
             "70/10/20 into train / valid / test, so valid and test users are never seen in training "

@@ -205,6 +205,12 @@ class MetaConfig:
     # ratings say most about its next ones (evaluation's query is a cold user's latest samples).
     # 0: every support sample weighs the same. Serving: send the support oldest first.
     support_half_life: float = 0.0
+    # newton, ratings: the loss the per-task head fits the support with. ``absolute`` fits it by
+    # least absolute deviations (``irls_steps`` re-weighted ridge solves, a sample weighing
+    # 1 / max(|residual|, a quarter of the label std)): a user's few odd ratings then pull its head
+    # far less, and the adapted score is a median, what MAE rewards. ``squared``: one ridge solve.
+    support_loss: Literal["squared", "absolute"] = "squared"
+    irls_steps: int = 3
     # The training step's dense math (inner loop, query loss, outer gradient) as one XLA
     # program (gmeta_tf/meta/dense_step.py); TFRA lookups and applies stay outside it. ``auto``
     # compiles where ``make bench`` measured it faster (docs/profile.md); true / false force it.
@@ -218,6 +224,9 @@ class MetaConfig:
         _require(self.support_half_life >= 0, "meta.support_half_life", f"must be >= 0, got {self.support_half_life}")
         _require(self.support_half_life == 0 or self.inner_solver == "newton", "meta.support_half_life",
                  "weighs the support in the Newton head's fit and needs meta.inner_solver: newton")
+        _require(self.support_loss == "squared" or self.inner_solver == "newton", "meta.support_loss",
+                 "'absolute' re-weights the Newton head's fit and needs meta.inner_solver: newton")
+        _require(self.irls_steps >= 1, "meta.irls_steps", f"must be >= 1, got {self.irls_steps}")
         _require(self.inner_lr > 0, "meta.inner_lr", f"must be > 0, got {self.inner_lr}")
         _require(self.embedding_inner_lr > 0, "meta.embedding_inner_lr", "must be > 0")
 

@@ -61,6 +61,8 @@ def export_manifest(model: FrozenModel, cfg: Config, schema: dict, inputs: Dict[
         "input_transforms": model.inputs.describe(),
         "adaptation": {"algo": cfg.meta.algo, "adapt": cfg.meta.adapt, "solver": cfg.meta.inner_solver,
                        "steps": steps, "lr": lr, "embedding_lr": cfg.meta.embedding_inner_lr,
+                       "support_loss": cfg.meta.support_loss,
+                       "irls_steps": cfg.meta.irls_steps if cfg.meta.support_loss == "absolute" else 0,
                        "ridge_lambda": "learned per feature" if RIDGE_PRIOR in model.dense_variables
                        else cfg.meta.ridge_lambda,
                        # the support must come oldest first: the newest samples weigh most

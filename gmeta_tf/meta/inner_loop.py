@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
-from gmeta_tf.config.schema import MetaConfig
+from gmeta_tf.config.schema import ConfigError, MetaConfig
 from gmeta_tf.embedding.lookup import SparseState
 from gmeta_tf.model.adaptable import AdaptableModel
 from gmeta_tf.model.heads import per_task_loss
@@ -39,13 +39,19 @@ class InnerLoopSpec:
     second_order: bool  # differentiate through the inner gradients (MAML) or not (FOMAML, evaluation)
     solver: str = "sgd"  # "sgd" steps, or regularised "newton" steps on the head (meta.inner_solver)
     ridge_lambda: float = 5.0  # newton: the prior's λ when the model learns none
+    support_loss: str = "squared"  # newton: "absolute" fits the head by IRLS (meta.support_loss)
+    irls_steps: int = 3
 
     @classmethod
     def from_meta(cls, model: AdaptableModel, meta: MetaConfig) -> "InnerLoopSpec":
         """The training inner loop of ``meta`` (``meta.adapt``, ``inner_steps``, ``inner_lr``, ``algo``)."""
+        if meta.support_loss == "absolute" and model.kind != "rating":
+            raise ConfigError("config key 'meta.support_loss': 'absolute' fits rating labels; "
+                              f"this data's labels are {model.kind}s")
         return cls(adapted=tuple(model.adapted_names(meta.adapt)), steps=meta.inner_steps, lr=meta.inner_lr,
                    adapt_embeddings=meta.adapt == "dense+embedding", embedding_lr=meta.embedding_inner_lr,
-                   second_order=meta.algo == "maml", solver=meta.inner_solver, ridge_lambda=meta.ridge_lambda)
+                   second_order=meta.algo == "maml", solver=meta.inner_solver, ridge_lambda=meta.ridge_lambda,
+                   support_loss=meta.support_loss, irls_steps=meta.irls_steps)
 
     def for_evaluation(self, steps: int, lr: float) -> "InnerLoopSpec":
         """Adaptation on unseen tasks: first order (nothing differentiates through it), own steps/lr."""
@@ -91,7 +97,8 @@ def adapt(model: AdaptableModel, fast: FastWeights, batch: dict, spec: InnerLoop
 def _adapt(model: AdaptableModel, fast: FastWeights, batch: dict, spec: InnerLoopSpec) -> FastWeights:
     if spec.solver == "newton":
         for _ in range(spec.steps):
-            fast = newton_head_step(model, fast, batch, spec.ridge_lambda, spec.second_order)
+            fast = newton_head_step(model, fast, batch, spec.ridge_lambda, spec.second_order,
+                                    irls_steps=spec.irls_steps if spec.support_loss == "absolute" else 0)
         return fast
     adapted, lr, adapt_embeddings, embedding_lr = spec.adapted, spec.lr, spec.adapt_embeddings, spec.embedding_lr
     for _ in range(spec.steps):
@@ -149,8 +156,14 @@ def support_weights(mask: tf.Tensor, log_half_life: tf.Tensor) -> tf.Tensor:
     return tf.exp(-age * tf.math.log(2.0) * tf.exp(-log_half_life)) * mask
 
 
+# meta.support_loss: absolute. A support sample's IRLS weight is 1 / max(|residual|, δ), δ in
+# standardised label units (a quarter of the label std): below it a residual counts as exact,
+# which keeps the re-weighted solve finite and the fit from chasing single ratings.
+IRLS_DELTA = 0.25
+
+
 def newton_head_step(model: AdaptableModel, fast: FastWeights, batch: dict, lam: float,
-                     second_order: bool) -> FastWeights:
+                     second_order: bool, irls_steps: int = 0) -> FastWeights:
     """One regularised Newton step on every task's last layer, all tasks at once.
 
     With X the support's last hidden features plus a constant, W the loss curvature (1 for
@@ -158,6 +171,12 @@ def newton_head_step(model: AdaptableModel, fast: FastWeights, batch: dict, lam:
     ``[T, H+1, H+1]`` solve. Padded samples are masked out of X, so they add nothing. The
     solve is differentiable: with ``second_order`` the outer gradient reaches the hidden
     features (and through them every lower weight and embedding), as in MAML.
+
+    ``irls_steps`` > 0 (ratings) turns the least-squares fit into a least-absolute-deviations
+    one by iteratively re-weighted least squares: each round weighs a sample by
+    1 / max(|r − XΔ|, δ), normalised to mean 1 over the task's (recency-weighted) support so
+    that λ keeps its meaning as a pseudo-count, and solves again from the shared head. The
+    weights are treated as constants by the outer gradient (they only say which samples to trust).
     """
     part = batch["support"]
     hidden = model.tower.hidden(fast.dense, part["dense"], fast.sparse.embed("support"))  # [T, S, H]
@@ -183,6 +202,18 @@ def newton_head_step(model: AdaptableModel, fast: FastWeights, batch: dict, lam:
     gram = tf.matmul(x * curvature[..., None], x, transpose_a=True) + tf.linalg.diag(lam_vec)
     rhs = tf.matmul(x, (residual * mask)[..., None], transpose_a=True)  # [T, H+1, 1]
     delta = tf.linalg.solve(gram, rhs)
+    if irls_steps:
+        sample_weight = weight if recency is not None else mask  # residual below is the unweighted one
+        plain = (labels - scores) if second_order else tf.stop_gradient(labels - scores)
+        for _ in range(irls_steps):
+            fit = tf.matmul(x, delta)[..., 0]  # [T, S]: XΔ
+            robust = tf.stop_gradient(1.0 / tf.maximum(tf.abs(plain - fit), IRLS_DELTA))
+            total = sample_weight * mask
+            robust = robust * tf.reduce_sum(total, 1, keepdims=True) / tf.maximum(
+                tf.reduce_sum(robust * total, 1, keepdims=True), 1e-12)
+            w_fit = robust * total
+            gram = tf.matmul(x * w_fit[..., None], x, transpose_a=True) + tf.linalg.diag(lam_vec)
+            delta = tf.linalg.solve(gram, tf.matmul(x, (w_fit * plain)[..., None], transpose_a=True))
     dense = dict(fast.dense)
     dense[f"{last}/w"] = w + delta[:, :-1, :]
     dense[f"{last}/b"] = b + delta[:, -1, :]
