@@ -98,6 +98,12 @@ def test_rare_ids_and_target_encoding_in_the_graph_equal_meta_ios(tmp_path):
     np.testing.assert_array_equal(dense[:, 1:3], want)
     assert dense[4, 1:3].tolist() == [0.0, 0.0]  # unseen id
     assert got.describe()["rare_ids"]["item"]["frequent_ids"] == 2
+    # A k above every count pools the whole feature (the MovieLens example's movie_id): no
+    # frequent id at all, which a hash table cannot be built from; every real id reads RARE_ID.
+    everything = InputTransforms(str(tmp_path), schema, {"item": 1000})
+    assert everything.ids("item", tf.constant(ids)).numpy().tolist() == [fmt.RARE_ID] * 5 + [fmt.PAD_ID]
+    np.testing.assert_array_equal(everything.ids("item", tf.constant(ids)).numpy(), remap(ids, np.array([], np.int64)))
+    assert everything.describe()["rare_ids"]["item"]["frequent_ids"] == 0
 
 
 def test_unreadable_or_misshapen_table_file_names_the_table(tmp_path):

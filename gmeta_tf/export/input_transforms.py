@@ -36,7 +36,11 @@ class RareIds(tf.Module):
     def __init__(self, feature: str, frequent: np.ndarray, k: int):
         super().__init__(name=None)
         self.feature, self.k = feature, int(k)
-        self.ids = tf.Variable(np.asarray(frequent, np.int64), trainable=False, name=f"{feature}_frequent_ids")
+        self.frequent = int(np.size(frequent))
+        # A hash table cannot be imported from no keys, and a k above every count leaves none
+        # (the whole feature pooled): then it holds PAD_ID alone, which ``apply`` keeps anyway.
+        keys = np.asarray(frequent, np.int64) if self.frequent else np.array([fmt.PAD_ID], np.int64)
+        self.ids = tf.Variable(keys, trainable=False, name=f"{feature}_frequent_ids")
         self.index = tf.lookup.StaticHashTable(IdsFromVariable(self.ids), default_value=tf.constant(-1, tf.int64))
 
     def apply(self, ids: tf.Tensor) -> tf.Tensor:
@@ -116,7 +120,7 @@ class InputTransforms(tf.Module):
 
     def describe(self) -> dict:
         return {
-            "rare_ids": {f: {"min_id_count": r.k, "frequent_ids": int(r.ids.shape[0]), "rare_id": fmt.RARE_ID}
+            "rare_ids": {f: {"min_id_count": r.k, "frequent_ids": r.frequent, "rare_id": fmt.RARE_ID}
                          for f, r in self.rare.items()},
             "dense_inputs": self.input_dense,
             "computed_dense": [{"features": e.names, "from": e.column, "rule": "target_encoding",
