@@ -104,18 +104,14 @@ def test_erm_loss_is_the_mean_sample_loss(rating_loss):
     assert loss == pytest.approx(float(np.concatenate(errs).mean()), rel=1e-5)
 
 
-@pytest.mark.parametrize("half_life", [None, 2.0])
-def test_newton_head_is_the_ridge_fit_of_each_task(half_life):
-    """One Newton step on the head for ratings is, per task, the ridge regression of the
-    support residuals on [hidden, 1] with penalty λ‖Δ‖² (numpy's lstsq on the stacked system);
-    with a support half-life h (``meta.support_half_life``) it is the *weighted* ridge fit, the
-    sample that k newer support samples follow weighing 0.5^(k/h)."""
-    from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, add_support_recency, initial_fast_weights
+def _newton_head_setup(half_life, lam):
+    """A rating model whose head one Newton (ridge) step adapts, and the support's hidden features,
+    base scores and scaled labels that a numpy fit of that step needs."""
+    from gmeta_tf.meta.inner_loop import InnerLoopSpec, add_support_recency, initial_fast_weights
 
     schema = tiny_schema("rating")
     batch = random_batch(schema, T=T, seed=5)
     model = _model(schema, batch)
-    lam = 3.0
     if half_life:
         add_support_recency(model, half_life)
     sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
@@ -123,11 +119,25 @@ def test_newton_head_is_the_ridge_fit_of_each_task(half_life):
     fast0 = initial_fast_weights(model, sparse, adapted, T)
     spec = InnerLoopSpec(adapted=tuple(adapted), steps=1, lr=0.0, adapt_embeddings=False, embedding_lr=0.0,
                          second_order=False, solver="newton", ridge_lambda=lam)
-    fast = adapt(model, fast0, batch, spec)
     s = batch["support"]
     hidden = model.tower.hidden(fast0.dense, s["dense"], sparse.embed("support")).numpy()
     base = model.tower.forward(fast0.dense, s["dense"], sparse.embed("support")).numpy()
     y = model.scale_labels(s["label"]).numpy()
+    return model, batch, sparse, fast0, spec, hidden, base, y
+
+
+@pytest.mark.parametrize("half_life", [None, 2.0])
+def test_newton_head_is_the_ridge_fit_of_each_task(half_life):
+    """One Newton step on the head for ratings is, per task, the ridge regression of the
+    support residuals on [hidden, 1] with penalty λ‖Δ‖² (numpy's lstsq on the stacked system);
+    with a support half-life h (``meta.support_half_life``) it is the *weighted* ridge fit, the
+    sample that k newer support samples follow weighing 0.5^(k/h)."""
+    from gmeta_tf.meta.inner_loop import adapt
+
+    lam = 3.0
+    model, batch, sparse, fast0, spec, hidden, base, y = _newton_head_setup(half_life, lam)
+    fast = adapt(model, fast0, batch, spec)
+    s = batch["support"]
     last = model.tower.head_layer
     reweighted = 0.0
     for t in range(T):
@@ -156,25 +166,13 @@ def test_absolute_support_loss_is_the_irls_fit_of_each_task(half_life):
     shared head, each sample weighing (recency ×) 1 / max(|r − XΔ|, δ) normalised to mean 1 --
     computed here by hand in numpy; a planted outlier rating moves the fit far less than it moves
     the least-squares fit."""
-    from gmeta_tf.meta.inner_loop import IRLS_DELTA, InnerLoopSpec, adapt, add_support_recency, initial_fast_weights
+    from gmeta_tf.meta.inner_loop import IRLS_DELTA, InnerLoopSpec, adapt
 
-    schema = tiny_schema("rating")
-    batch = random_batch(schema, T=T, seed=5)
-    model = _model(schema, batch)
     lam, steps = 3.0, 3
-    if half_life:
-        add_support_recency(model, half_life)
-    sparse = model.embeddings.lookup(batch, trainable=False, per_task=False)
-    adapted = model.adapted_names("head")
-    fast0 = initial_fast_weights(model, sparse, adapted, T)
-    spec = InnerLoopSpec(adapted=tuple(adapted), steps=1, lr=0.0, adapt_embeddings=False, embedding_lr=0.0,
-                         second_order=False, solver="newton", ridge_lambda=lam)
+    model, batch, sparse, fast0, spec, hidden, base, y = _newton_head_setup(half_life, lam)
     fast_abs = adapt(model, fast0, batch, InnerLoopSpec(**{**spec.__dict__, "support_loss": "absolute",
                                                             "irls_steps": steps}))
     s = batch["support"]
-    hidden = model.tower.hidden(fast0.dense, s["dense"], sparse.embed("support")).numpy()
-    base = model.tower.forward(fast0.dense, s["dense"], sparse.embed("support")).numpy()
-    y = model.scale_labels(s["label"]).numpy()
     last = model.tower.head_layer
     w0 = model.dense_variables[f"{last}/w"].numpy()[:, 0]
     b0 = model.dense_variables[f"{last}/b"].numpy()[0]
