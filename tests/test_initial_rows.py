@@ -87,7 +87,7 @@ def test_initial_rows_are_normal_with_the_tables_stddev():
 def test_all_keeps_tfras_initializer():
     table = _table("all")
     assert table.variable.initializer is not None
-    assert _table("missing").variable.initializer is None
+    assert type(_table("missing").variable.initializer).__name__ == "Zeros"  # filled on the PS, no draw
     got = _rows(table, [4, 5])
     assert got.std() > 0  # random rows, drawn by TFRA
     with pytest.raises(ValueError, match="init_rows"):

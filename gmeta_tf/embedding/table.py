@@ -66,9 +66,11 @@ class EmbeddingTable:
         self.variable = de.Variable(
             key_dtype=tf.int64, value_dtype=tf.float32, dim=dim, devices=self.devices,
             name=variable_name(namespace, name),
-            # A python number is TFRA's static default value: no per-lookup draw at all.
+            # ``missing``: zeros filled on the PS (no random draw). Not a static default value:
+            # that tensor lives on the worker and every shard's find would fetch it (one more
+            # tensor transfer per table and shard per step, bench/ps_rpcs.py).
             initializer=(tf.keras.initializers.RandomNormal(stddev=init_stddev, seed=seed)
-                         if init_rows == "all" else 0.0),
+                         if init_rows == "all" else tf.keras.initializers.Zeros()),
             kv_creator=NamedCuckooHashTableCreator(namespace), bp_v2=bp_v2,
             init_size=initial_capacity(expected_rows),
             # ``counted`` (model.max_rows): TFRA counts every id's updates in a status table of its
@@ -111,10 +113,11 @@ class EmbeddingTable:
         the shadow holding them, so the gradient and the apply's upsert go where TFRA's own
         lookup sends them."""
         shadow = self.shadow
-        with tf.control_dependencies([shadow._reset_ids(ids)]):
-            found, exists = self.variable.lookup(ids, return_exists=True)
+        # The find does not wait for the ids' write: a control edge into the PS partitions would
+        # be one more tensor transfer per table and shard (bench/ps_rpcs.py).
+        found, exists = self.variable.lookup(ids, return_exists=True)
         rows = self.fill_missing(ids, found, exists)
-        writes = [shadow.assign(rows, read_value=False)]
+        writes = [shadow._reset_ids(ids), shadow.assign(rows, read_value=False)]
         if self.variable.bp_v2:  # ``accum`` adds the delta to existing rows, inserts the others
             writes.append(shadow.exists.assign(exists, read_value=False))
         with tf.control_dependencies(writes):
