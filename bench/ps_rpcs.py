@@ -110,7 +110,8 @@ def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int) ->
       (keys, values), and the accum of the rows (keys, deltas, exists): 1 + 4·slots + 3, or
       1 + 5·slots + 3 with one shard;
 
-    plus, per PS, the component function call and the end-of-step control edge (2)."""
+    plus, per PS that holds a shard (``ps``), the component function call and the end-of-step
+    control edge (2)."""
     lookup = 3 if init_rows == "missing" else 4
     per_table = sum(n * (lookup + 1 + (4 if n > 1 else 5) * slots + 3) for n in shards)
     return per_table + 2 * ps
@@ -152,7 +153,9 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
     storage = built.model.storage_tables()
     counts.update(tables=len(storage), ps=rt.ps_tasks, shards=[len(t.devices) for t in storage],
                   slots=slot_count(cfg.train.embedding_optimizer), init_rows=cfg.model.init_rows)
-    counts["ps_rpcs_formula"] = expected_rpcs(counts["shards"], counts["slots"], cfg.model.init_rows, rt.ps_tasks)
+    counts["ps_holding_tables"] = len({d for t in storage for d in t.devices})
+    counts["ps_rpcs_formula"] = expected_rpcs(counts["shards"], counts["slots"], cfg.model.init_rows,
+                                              counts["ps_holding_tables"])
     if rt.rank == 0:
         Path(out_file).write_text(json.dumps(counts))
 
