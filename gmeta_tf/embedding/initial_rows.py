@@ -70,6 +70,11 @@ def fill_missing(rows: tf.Tensor, exists: tf.Tensor, ids: tf.Tensor, key: int, d
                  stddev: float) -> tf.Tensor:
     """``rows`` (``[n, dim]``, a find's result) with the rows of the ids that do not exist
     replaced by their initial rows; the hash runs for the missing ids only."""
+    with tf.name_scope("initial_rows"):
+        return _fill(rows, exists, ids, key, dim, stddev)
+
+
+def _fill(rows, exists, ids, key, dim, stddev):
     rows = tf.reshape(rows, [-1, dim])
     where = tf.where(tf.logical_not(tf.reshape(exists, [-1])))  # [m, 1] int64
     fresh = initial_rows(tf.gather_nd(tf.reshape(ids, [-1]), where), key, dim, stddev)

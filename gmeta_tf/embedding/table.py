@@ -115,7 +115,8 @@ class EmbeddingTable:
         shadow = self.shadow
         # The find does not wait for the ids' write: a control edge into the PS partitions would
         # be one more tensor transfer per table and shard (bench/ps_rpcs.py).
-        found, exists = self.variable.lookup(ids, return_exists=True)
+        with tf.name_scope("shadow_embedding_lookup"):  # TFRA's own scope: the profile's buckets
+            found, exists = self.variable.lookup(ids, return_exists=True)
         rows = self.fill_missing(ids, found, exists)
         writes = [shadow._reset_ids(ids), shadow.assign(rows, read_value=False)]
         if self.variable.bp_v2:  # ``accum`` adds the delta to existing rows, inserts the others
