@@ -5,7 +5,8 @@ run, each for a fixed number of steps; throughput is the aggregate tasks/s after
 (tracing) step. The share of step time spent on PS round-trips is measured inside a worker of
 the 2×2 run (``python -m bench.distributed worker``): the full compiled step against a compiled
 lookup-only pass (the PS reads) plus a compiled apply-only pass (the PS writes) on the same
-batches.
+batches. The same worker counts one step's PS RPCs from its partitioned graph
+(``bench/ps_rpcs.py``: component function calls + worker <-> PS tensor transfers).
 """
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 STEPS = 120
+RPC_KEYS = ("ps_rpcs_per_step", "ps_component_calls_per_step", "ps_lookup_transfers_per_step",
+            "ps_apply_transfers_per_step", "ps_control_transfers_per_step")
 
 
-def _train_argv(data: str, out: Path, per_worker_T: int) -> List[str]:
-    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--no-resume",
+def _train_argv(data: str, out: Path, per_worker_T: int, sets: Sequence[str] = ()) -> List[str]:
+    return [*[a for s in sets for a in ("--set", s)], "--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--no-resume",
             "--steps", str(STEPS), "--set", f"data.tasks_per_batch={per_worker_T}",
             "--set", f"train.log_every={STEPS}", "--set", f"train.checkpoint_every={STEPS * 10}"]
 
@@ -28,17 +31,19 @@ def _aggregate(out: Path) -> float:
     return json.loads((out / "train_summary.json").read_text())["aggregate_tasks_per_s"]
 
 
-def measure(data: str, work: Path, log=print) -> Dict[str, float]:
+def measure(data: str, work: Path, log=print, sets: Sequence[str] = ()) -> Dict[str, float]:
+    """The distributed row; ``sets`` (``KEY=VALUE`` overrides of the quickstart config) for A/B
+    comparisons (``python -m bench.distributed compare``)."""
     from gmeta_tf.cli.main import cli
     from launch.local_cluster import LocalCluster, launch_local
 
     quiet = lambda m: None  # noqa: E731
     single = work / "dist-1proc"
-    cli.main(["train", *_train_argv(data, single, 32)], standalone_mode=False)
+    cli.main(["train", *_train_argv(data, single, 32, sets)], standalone_mode=False)
     rates = {"tasks_per_s_1proc": _aggregate(single)}
     for workers, ps in ((2, 2), (2, 1)):
         out = work / f"dist-{workers}w{ps}ps"
-        launch_local(workers, ps, _train_argv(data, out, 16), log=quiet, timeout_s=900)
+        launch_local(workers, ps, _train_argv(data, out, 16, sets), log=quiet, timeout_s=900)
         rates[f"tasks_per_s_{workers}w{ps}ps"] = _aggregate(out)
     # PS round-trip share, inside rank 0 of a 2-worker, 2-PS job.
     cluster = LocalCluster(log=quiet)
@@ -46,7 +51,8 @@ def measure(data: str, work: Path, log=print) -> Dict[str, float]:
     try:
         cluster.start_ps(2)
         code = cluster.run_workers(2, [sys.executable, "-m", "bench.distributed", "worker", data,
-                                       str(share_file), "--ps", ",".join(cluster.ps_addresses)], timeout_s=900)
+                                       str(share_file), "--ps", ",".join(cluster.ps_addresses),
+                                       *[a for s in sets for a in ("--set", s)]], timeout_s=900)
     finally:
         cluster.teardown()
     if code != 0:
@@ -59,22 +65,24 @@ def measure(data: str, work: Path, log=print) -> Dict[str, float]:
         "ps_time_share": share["ps_time_share"],
         "step_ms": share["step_ms"], "ps_lookup_ms": share["lookup_ms"], "ps_apply_ms": share["apply_ms"],
         "ps_lookup_ops_per_step": share["ps_lookup_ops_per_step"], "ps_apply_ops_per_step": share["ps_apply_ops_per_step"],
+        **{k: share[k] for k in RPC_KEYS},
         "steps": STEPS,
     }
 
 
-def _worker(data: str, out_file: str, ps: str) -> None:
+def _worker(data: str, out_file: str, ps: str, sets: Sequence[str] = ()) -> None:
     """Runs as a Horovod rank: times full steps, lookup-only and apply-only passes."""
     import tensorflow as tf
 
     import gmeta_tf  # noqa: F401
+    from bench.ps_rpcs import run_step
     from gmeta_tf.cluster.worker import worker_runtime
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.metaio.reader import load_schema, make_dataset
     from gmeta_tf.train.trainer import build_tables_once
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.tasks_per_batch=16",
-                                                  f"cluster.ps=[{ps}]"])
+                                                  f"cluster.ps=[{ps}]", *sets])
     rt = worker_runtime(cfg, log=lambda m: None)
     model, _, emb_opt, step, _ = build_tables_once(cfg, load_schema(data), rt, Path(out_file).parent / "share-run")
     batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(8))
@@ -101,6 +109,8 @@ def _worker(data: str, out_file: str, ps: str) -> None:
         tf.nest.map_structure(lambda x: x.numpy() if hasattr(x, "numpy") else x, out)
         return (time.perf_counter() - t0) / n * 1000
 
+    # Before the step's first trace: partition graphs are recorded when the function is built.
+    rpcs = run_step(step, batches[0])
     step_ms = timed(step.step)
     lookup_ms = timed(lookups)
     apply_ms = timed(applies) - lookup_ms  # the apply pass also looks up (the shadow needs it)
@@ -108,6 +118,7 @@ def _worker(data: str, out_file: str, ps: str) -> None:
         share = min(1.0, (lookup_ms + max(apply_ms, 0.0)) / step_ms)
         Path(out_file).write_text(json.dumps({"step_ms": step_ms, "lookup_ms": lookup_ms,
                                               "apply_ms": apply_ms, "ps_time_share": share,
+                                              **{k: rpcs[k] for k in RPC_KEYS},
                                               **ps_table_ops(step._compiled.get_concrete_function(batches[0]).graph)}))
 
 
@@ -126,8 +137,38 @@ def ps_table_ops(graph) -> Dict[str, int]:
     return {"ps_lookup_ops_per_step": lookups, "ps_apply_ops_per_step": applies}
 
 
+COMPARED = ("tasks_per_s_1proc", "tasks_per_s_2w2ps", "tasks_per_s_2w1ps", "ps_time_share", "step_ms",
+            "ps_lookup_ms", "ps_apply_ms", "ps_rpcs_per_step")
+
+
+def compare(variants: Sequence[str], rounds: int = 1) -> Dict[str, Dict[str, float]]:
+    """The distributed row under each of ``variants`` (``KEY=VALUE[;KEY=VALUE]``), run one after
+    another (``rounds`` times, alternating, median), on the bench's data."""
+    import statistics
+
+    from bench.run import WORK, _prepared_data
+
+    data, _ = _prepared_data()
+    runs: Dict[str, List[Dict[str, float]]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v in variants:
+            runs[v].append(measure(data, WORK / "compare", sets=[s for s in v.split(";") if s]))
+    return {v: {k: statistics.median(r[k] for r in rs) for k in COMPARED} for v, rs in runs.items()}
+
+
+def _sets(argv: Sequence[str]) -> List[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 5 and sys.argv[1] == "worker":
-        _worker(sys.argv[2], sys.argv[3], sys.argv[5])
+        _worker(sys.argv[2], sys.argv[3], sys.argv[5], _sets(sys.argv[6:]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "compare":
+        result = compare(sys.argv[2:])
+        print(f"{'':22}" + "".join(f"{v[:24]:>26}" for v in result))
+        for k in COMPARED:
+            print(f"{k:22}" + "".join(f"{result[v][k]:>26,.3f}" for v in result))
+        print(json.dumps(result))
     else:
-        sys.exit("usage: python -m bench.distributed worker DATA OUT_JSON --ps HOST:PORT,...")
+        sys.exit("usage: python -m bench.distributed worker DATA OUT_JSON --ps HOST:PORT,... [--set K=V ...]\n"
+                 "       python -m bench.distributed compare 'K=V[;K=V]' 'K=V' ...")

@@ -118,3 +118,16 @@ def measure_jit(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
 def _jit_keys(rates: Dict[str, float], default: str) -> Dict[str, float]:
     return {"tasks_per_s_jit": rates["jit"], "tasks_per_s_nojit": rates["nojit"],
             "jit_speedup": rates["jit"] / rates["nojit"], "jit_default": default == "jit"}
+
+
+def measure_init_rows(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+    """The vectorized step (the config's default compilation) with ``model.init_rows: missing``
+    (initial rows drawn for the ids a table does not hold only) and ``all`` (TFRA draws one for
+    every looked-up id), side by side."""
+    schema = load_schema(cfg.data.path)
+    variant = "jit" if jit_enabled(cfg.meta) else "nojit"
+    steps = {mode: _step(replace(cfg, model=replace(cfg.model, init_rows=mode)), schema, variant)
+             for mode in ("missing", "all")}
+    rates = _rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
+    return {"tasks_per_s_missing": rates["missing"], "tasks_per_s_all": rates["all"],
+            "speedup_missing_over_all": rates["missing"] / rates["all"]}

@@ -12,8 +12,9 @@ process, so their shares can be compared side by side (absolute times on this bo
 
 Buckets (op time is summed over the executor's threads, so it can exceed wall time):
 * ``tfra_unique``: ``tf.unique`` of the batch's ids; ``tfra_find``: the shadow lookup's
-  hash-table finds (and its bookkeeping); ``tfra_init_rows``: the random initial rows TFRA's
-  lookup draws for *every* looked-up id (used only for ids not in the table yet);
+  hash-table finds (and its bookkeeping); ``tfra_init_rows``: with ``model.init_rows: all`` the
+  random initial rows TFRA's lookup draws for *every* looked-up id (used only for ids not in
+  the table yet), with ``missing`` the hashed rows of the missing ids (``initial_rows`` scope);
 * ``tfra_apply_find`` / ``tfra_apply_insert``: the optimizer's hash-table finds and inserts
   (each table and its slot tables);
 * ``optimizer_math``: the rest of the optimizers (row and dense Adam arithmetic, counters);
@@ -65,7 +66,7 @@ def bucket(node: str, op_type: str) -> str:
         return "optimizer_math"
     if op_type in _LOOKUP_OPS:
         return "tfra_unique"
-    if top == "shadow_embedding_lookup" and "Random" in op_type:
+    if (top == "shadow_embedding_lookup" and "Random" in op_type) or top == "initial_rows":
         return "tfra_init_rows"
     if top == "shadow_embedding_lookup" or op_type.startswith("TFRA>"):
         return "tfra_find"

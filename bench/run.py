@@ -50,7 +50,7 @@ JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],
 
 def bench_meta(results: Dict) -> None:
     from bench.meta_io import measure_read_rate
-    from bench.meta_step import measure, measure_jit
+    from bench.meta_step import measure, measure_init_rows, measure_jit
     from gmeta_tf.config.loader import load_config
 
     data, prep = _prepared_data()
@@ -61,6 +61,8 @@ def bench_meta(results: Dict) -> None:
     # The dense math compiled by XLA or not, side by side, where the compiled program differs most.
     for section, sets in JIT_ROWS.items():
         results[section] = measure_jit(load_config("configs/quickstart.yaml", [f"data.path={data}", *sets]))
+    # model.init_rows: initial rows for the missing ids only, or TFRA's draw for every id.
+    results["meta_step_init_rows"] = measure_init_rows(cfg)
     io = measure_read_rate(data, cfg.data, seconds=5.0)
     results["meta_io"] = {
         "read_tasks_per_s": io["tasks_per_s"],
@@ -133,12 +135,16 @@ HEADLINES = [
     ("meta_step_dense_embedding.jit_speedup", "… same, adapt: dense+embedding", ""),
     ("meta_step_erm.jit_speedup", "… same, algo: erm", ""),
     ("meta_step_newton.jit_speedup", "… same, inner_solver: newton (adapt: head)", ""),
+    ("meta_step_init_rows.speedup_missing_over_all", "init_rows: missing / all (tasks/s, quickstart)", ""),
     ("meta_io.read_over_consume", "Meta-IO read rate / training consumption", "≥ 3"),
     ("meta_io.read_tasks_per_s", "Meta-IO read, tasks/s", ""),
     ("prepare.prepare_rows_per_s", "prepare, input rows/s", ""),
     ("distributed.speedup_2w2ps_over_1proc", "2 workers + 2 PS / 1 process (tasks/s)", ""),
     ("distributed.speedup_2w1ps_over_1proc", "2 workers + 1 PS / 1 process (tasks/s)", ""),
     ("distributed.ps_time_share", "share of step time in PS round-trips (2w2ps)", ""),
+    ("distributed.ps_rpcs_per_step", "PS RPCs per worker step (2w2ps): calls + tensor transfers", ""),
+    ("distributed.ps_lookup_transfers_per_step", "… of which the lookups' tensor transfers", ""),
+    ("distributed.ps_apply_transfers_per_step", "… of which the apply's tensor transfers", ""),
     ("distributed.ps_lookup_ops_per_step", "hash-table lookups on the PS per worker step (2w2ps)", ""),
     ("distributed.ps_apply_ops_per_step", "hash-table finds + inserts of the apply on the PS, per step", ""),
     ("sharding.cost_model_error", "PS cost model, held-out error (geo. mean)", "≤ 0.10"),

@@ -161,6 +161,12 @@ class ModelConfig:
     # (``EmbeddingTable.evict``; TFRA's FrequencyRestrictPolicy counts the updates, and the counts
     # are checkpointed, so a resume evicts exactly as an uninterrupted run).
     max_rows: Dict[str, int] = field(default_factory=dict)
+    # Which lookups draw an initial row. ``missing``: a trainable lookup finds the ids first and
+    # draws rows only for the ids the table does not hold, each a deterministic N(0, init_stddev²)
+    # of (table, id), the same on every rank and after a resume (embedding/initial_rows.py).
+    # ``all``: TFRA's initializer draws a random row for every looked-up id on the PS and keeps
+    # those of the missing ids (the behaviour before this key).
+    init_rows: Literal["missing", "all"] = "missing"
 
     def __post_init__(self) -> None:
         for name, n in self.max_rows.items():
@@ -171,6 +177,8 @@ class ModelConfig:
             sizes = getattr(self, key)
             _require(all(int(s) >= 1 for s in sizes), f"model.{key}", f"layer sizes must be >= 1, got {sizes}")
         _require(self.init_stddev > 0, "model.init_stddev", "must be > 0")
+        _require(self.init_rows in ("missing", "all"), "model.init_rows",
+                 f"must be one of missing, all, got {self.init_rows!r}")
 
 
 @dataclass

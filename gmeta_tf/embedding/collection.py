@@ -56,8 +56,10 @@ class TrainableRows:
 
 def create_tables(names: Sequence[str], dim: int, *, namespace: str, ps_tasks: int,
                   placement: Mapping[str, object], init_stddev: float, seed: int, bp_v2: bool,
-                  expected_rows: Mapping[str, int], counted: Sequence[str] = ()) -> List[Table]:
-    """One table per name, in order (table i is seeded ``seed + i``). ``placement[name]`` is a
+                  expected_rows: Mapping[str, int], counted: Sequence[str] = (),
+                  init_rows: str = "missing") -> List[Table]:
+    """One table per name, in order (table i is seeded ``seed + i``); ``init_rows``
+    (``model.init_rows``) says which lookups draw initial rows (``EmbeddingTable``). ``placement[name]`` is a
     list of PS tasks, a ``ColumnSplit`` (the planner's column blocks), or absent (every PS).
     ``counted`` tables (``model.max_rows``) count each id's updates, for ``Embeddings.evict``."""
     tables: List[Table] = []
@@ -68,11 +70,12 @@ def create_tables(names: Sequence[str], dim: int, *, namespace: str, ps_tasks: i
                               f"bounding a split table's rows is not supported, drop one of the two")
         if isinstance(spec, ColumnSplit):  # planner's column split: n tables of dim d/n
             tables.append(ColumnSplitTable(name, dim, spec.columns, ps_tasks, namespace, init_stddev,
-                                           seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0)))
+                                           seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0),
+                                           init_rows=init_rows))
         else:
             tables.append(EmbeddingTable(name, dim, table_devices(ps_tasks, spec), namespace, init_stddev,
                                          seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0),
-                                         counted=name in counted))
+                                         counted=name in counted, init_rows=init_rows))
     return tables
 
 

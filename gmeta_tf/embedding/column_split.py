@@ -34,7 +34,8 @@ def block_name(table: str, i: int, n: int) -> str:
 
 class ColumnSplitTable:
     def __init__(self, name: str, dim: int, blocks: Sequence[Sequence[int]], ps_tasks: int, namespace: str,
-                 init_stddev: float, seed: int, bp_v2: bool = False, expected_rows: int = 0):
+                 init_stddev: float, seed: int, bp_v2: bool = False, expected_rows: int = 0,
+                 init_rows: str = "missing"):
         n = len(blocks)
         if n < 2 or dim % n:
             raise UserError(f"cluster.placement: table {name!r} has dim {dim}, which cannot be cut into {n} "
@@ -43,7 +44,8 @@ class ColumnSplitTable:
         self.dim = dim
         self.parts: List[EmbeddingTable] = [
             EmbeddingTable(block_name(name, i, n), dim // n, table_devices(ps_tasks, list(ps)), namespace,
-                           init_stddev, seed=seed * 1009 + i, bp_v2=bp_v2, expected_rows=expected_rows)
+                           init_stddev, seed=seed * 1009 + i, bp_v2=bp_v2, expected_rows=expected_rows,
+                           init_rows=init_rows)
             for i, ps in enumerate(blocks)
         ]
 

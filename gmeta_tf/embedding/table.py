@@ -19,6 +19,7 @@ import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
 import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name
 from gmeta_tf.embedding.table_files import export_variable, slot_name
 
@@ -43,19 +44,33 @@ class EmbeddingTable:
     ``devices`` places the hash-table shards: ``["/CPU:0"]`` in embedded mode, PS task devices
     (``/job:ps/task:i/device:CPU:0``) in distributed mode; keys are row-sharded by
     ``id % len(devices)`` (TFRA's default partitioner).
+
+    ``init_rows`` (``model.init_rows``): ``all`` gives the variable TFRA's per-lookup initializer
+    (a random row drawn on the PS for every looked-up id, kept for the missing ones); ``missing``
+    gives it none (a find reads a missing id as zeros) and the trainable lookup draws the
+    deterministic initial rows of ``initial_rows.py`` for the missing ids only.
     """
 
     def __init__(self, name: str, dim: int, devices: Sequence[str], namespace: str,
                  init_stddev: float, seed: int, bp_v2: bool = False, expected_rows: int = 0,
-                 counted: bool = False):
+                 counted: bool = False, init_rows: str = "missing"):
+        if init_rows not in initial_rows.MODES:
+            raise ValueError(f"init_rows must be one of {', '.join(initial_rows.MODES)}, got {init_rows!r}")
         self.name = name
         self.dim = dim
         self.devices = list(devices)
         self.namespace = namespace
+        self.init_rows = init_rows
+        self.init_stddev = float(init_stddev)
+        self.row_key = initial_rows.table_key(name, seed)
         self.variable = de.Variable(
             key_dtype=tf.int64, value_dtype=tf.float32, dim=dim, devices=self.devices,
             name=variable_name(namespace, name),
-            initializer=tf.keras.initializers.RandomNormal(stddev=init_stddev, seed=seed),
+            # ``missing``: zeros filled on the PS (no random draw). Not a static default value:
+            # that tensor lives on the worker and every shard's find would fetch it (one more
+            # tensor transfer per table and shard per step, bench/ps_rpcs.py).
+            initializer=(tf.keras.initializers.RandomNormal(stddev=init_stddev, seed=seed)
+                         if init_rows == "all" else tf.keras.initializers.Zeros()),
             kv_creator=NamedCuckooHashTableCreator(namespace), bp_v2=bp_v2,
             init_size=initial_capacity(expected_rows),
             # ``counted`` (model.max_rows): TFRA counts every id's updates in a status table of its
@@ -77,7 +92,9 @@ class EmbeddingTable:
         uniq, index = tf.unique(flat, out_idx=tf.int32)
         valid = uniq >= 0
         real = tf.boolean_mask(uniq, valid)
-        if trainable:
+        if trainable and self.init_rows == "missing" and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN:
+            rows = self._find_then_init(real)
+        elif trainable:
             rows = de.shadow_ops.embedding_lookup(self.shadow, real)
         else:
             rows, exists = self.variable.lookup(real, return_exists=True)
@@ -88,6 +105,32 @@ class EmbeddingTable:
         rows = tf.concat([rows, tf.zeros([1, self.dim], rows.dtype)], axis=0)
         row_of_unique = tf.where(valid, tf.cumsum(tf.cast(valid, tf.int32)) - 1, n_real)
         return UniqueLookup(rows=tf.gather(rows, row_of_unique), index=index)
+
+    def _find_then_init(self, ids: tf.Tensor) -> tf.Tensor:
+        """TFRA's shadow lookup (``shadow_ops.embedding_lookup``) with the initial rows drawn for
+        the missing ids only: remember ``ids`` for the optimizer's apply, find them on the PS
+        (one lookup per shard, as before), fill the missing rows in, and hand the tape a read of
+        the shadow holding them, so the gradient and the apply's upsert go where TFRA's own
+        lookup sends them."""
+        shadow = self.shadow
+        # The find does not wait for the ids' write: a control edge into the PS partitions would
+        # be one more tensor transfer per table and shard (bench/ps_rpcs.py).
+        with tf.name_scope("shadow_embedding_lookup"):  # TFRA's own scope: the profile's buckets
+            found, exists = self.variable.lookup(ids, return_exists=True)
+        rows = self.fill_missing(ids, found, exists)
+        writes = [shadow._reset_ids(ids), shadow.assign(rows, read_value=False)]
+        if self.variable.bp_v2:  # ``accum`` adds the delta to existing rows, inserts the others
+            writes.append(shadow.exists.assign(exists, read_value=False))
+        with tf.control_dependencies(writes):
+            return shadow.read_value(do_prefetch=False)
+
+    def fill_missing(self, ids: tf.Tensor, rows: tf.Tensor, exists: tf.Tensor) -> tf.Tensor:
+        """A find's ``rows`` of ``ids`` with each missing id's initial row: what a trainable lookup
+        gives it (the hot tier reads cold rows through this). With ``init_rows: all`` the find
+        itself drew them."""
+        if self.init_rows == "all":
+            return tf.reshape(rows, [-1, self.dim])
+        return initial_rows.fill_missing(rows, exists, ids, self.row_key, self.dim, self.init_stddev)
 
     # -- state --------------------------------------------------------------------------------
     def size(self) -> int:

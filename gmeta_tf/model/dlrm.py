@@ -45,7 +45,8 @@ class DLRM(TowerModel):
         self.embeddings = Embeddings(
             create_tables(self.table_names, cfg.embedding_dim, namespace=self.namespace, ps_tasks=ps_tasks,
                           placement=placement, init_stddev=cfg.init_stddev, seed=cfg.seed, bp_v2=bp_v2,
-                          expected_rows=rows, counted=list(cfg.max_rows)),
+                          expected_rows=rows, counted=list(cfg.max_rows),
+                          init_rows=cfg.init_rows),
             self.cat_names, self.multi_names)
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
         self.label_mean, self.label_std = label_scaling(schema)

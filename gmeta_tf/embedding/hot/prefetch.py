@@ -44,15 +44,18 @@ def _buffer(name: str, dtype, dim: Optional[int], trainable: bool = False) -> tf
     return tf.Variable(tf.zeros(shape, dtype), shape=[None] + shape[1:], trainable=trainable, name=name)
 
 
-def read_rows(sources: Dict[str, object], ids: tf.Tensor, dim: int) -> Fields:
+def read_rows(sources: Dict[str, object], ids: tf.Tensor, dim: int, table) -> Fields:
     """``ids``' rows in each table of ``sources`` (field -> de.Variable: "value", then slots).
-    A missing row gets the table's initializer value and a missing slot its optimizer's initial
-    value, as through TFRA's shadow; hot rows load the same way (``HotRows.load``)."""
+    A missing row gets its initial row (``table.fill_missing``, ``table`` the ``EmbeddingTable``
+    of "value") and a missing slot its optimizer's initial value, as through the table's
+    trainable lookup; hot rows load the same way (``HotRows.load``)."""
     out = {}
     for f, src in sources.items():
         rows, exists = src.lookup(ids, return_exists=True)
         rows = tf.reshape(rows, [-1, dim])
-        if f != "value":
+        if f == "value":
+            rows = table.fill_missing(ids, rows, exists)
+        else:
             rows = tf.where(exists[:, None], rows, tf.fill(tf.shape(rows), slot_init(f)))
         out[f] = (rows, exists)
     return out
@@ -84,7 +87,7 @@ class ColdPrefetch:
     # -- PS side ---------------------------------------------------------------------------------
     def fetch(self, ids: tf.Tensor) -> Fields:
         """Values and slots of ``ids`` from the PS: one round-trip (the lookups run in parallel)."""
-        return read_rows(self.sources, ids, self.dim)
+        return read_rows(self.sources, ids, self.dim, self.table.base)
 
     def flush(self) -> None:
         """Write the pending update to the PS (TFRA's ``update_op``: ``accum`` for bp_v2 tables,

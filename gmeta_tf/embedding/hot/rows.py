@@ -143,7 +143,8 @@ class HotRows:
         get the table's initializer value, slots their optimizer's initial value."""
         for table in self.tables:
             keys = tf.constant(table.hot_ids, tf.int64)
-            fetched = read_rows({"value": table.base.variable, **self._slot_tables(table, emb_opt)}, keys, table.dim)
+            fetched = read_rows({"value": table.base.variable, **self._slot_tables(table, emb_opt)}, keys, table.dim,
+                                table.base)
             table.values.assign(fetched["value"][0])
             for name, var in self.opt.slots[table.name].items():
                 if name in fetched:

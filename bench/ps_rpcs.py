@@ -1,0 +1,207 @@
+"""PS round trips of one distributed training step, counted from the step's partitioned graph.
+
+A worker's ``tf.function`` step with PS tables runs as one multi-device function: TensorFlow
+cuts its graph into one partition per device, runs each PS partition on its PS as a *component
+function* (one RPC per PS per step), and moves every tensor that crosses between the worker and a
+PS partition through the rendezvous (one transfer per tensor: a ``_Send`` on one side, a
+``_Recv`` on the other). The RPCs of a step are therefore
+
+    component function calls (one per PS that holds a partition) + cross-task tensor transfers.
+
+``count_rpcs`` reads them from ``RunMetadata``'s partition graphs (``run_step`` records them for
+one step); each transfer is attributed to the lookup or to the optimizer's apply by the PS-side
+op it feeds or comes from. ``python -m bench.ps_rpcs DATA [--ps 2] [--set KEY=VALUE ...]``
+starts the PS processes, runs one worker (``horovodrun -np 1``) and prints the counts as JSON.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Mapping, Sequence
+
+APPLY_SCOPES = ("Adam", "Adagrad")  # TFRA's wrapped optimizers name their ops under these
+_TASK = re.compile(r"^(/job:[^/]+/replica:\d+/task:\d+)")
+
+
+def _task(device: str) -> str:
+    m = _TASK.match(device)
+    return m.group(1) if m else device
+
+
+def _is_ps(device: str) -> bool:
+    return "/job:ps/" in device
+
+
+def _scope(name: str) -> str:
+    return name.split("/")[0].rstrip("_0123456789")
+
+
+def count_rpcs(partition_graphs: Sequence) -> Dict[str, int]:
+    """RPCs of one execution of a multi-device function, from its partition graphs (``GraphDef``
+    protos, ``RunMetadata.function_graphs[i].partition_graphs``): component function calls on
+    the PS, and worker <-> PS tensor transfers, split into the lookup's, the optimizer apply's
+    and the end-of-step control edges (one per PS, ``GroupCrossDeviceControlEdges``)."""
+    ps_partitions = set()
+    ps_nodes: Dict[str, object] = {}
+    consumers: Dict[str, List[str]] = {}  # PS-side node -> the PS nodes reading it
+    recvs, sends = [], []
+    for g in partition_graphs:
+        for node in g.node:
+            if _is_ps(node.device):
+                ps_partitions.add(_task(node.device))
+                ps_nodes[node.name] = node
+                for inp in node.input:
+                    consumers.setdefault(inp.lstrip("^").split(":")[0], []).append(node.name)
+            if node.op in ("_Recv", "_HostRecv"):
+                recvs.append(node)
+            elif node.op in ("_Send", "_HostSend"):
+                sends.append(node)
+    send_input = {(n.attr["tensor_name"].s, n.attr["send_device"].s): n.input[0].split(":")[0] for n in sends}
+
+    def readers(name: str, depth: int = 3) -> List[str]:
+        """The PS ops a received tensor feeds, through the Identity nodes that forward control
+        edges."""
+        out = []
+        for c in consumers.get(name, []):
+            out.append(c)
+            if depth and ps_nodes[c].op == "Identity":
+                out += readers(c, depth - 1)
+        return out
+
+    by_kind: Counter = Counter()
+    per_ps: Counter = Counter()
+    for r in recvs:
+        src, dst = r.attr["send_device"].s.decode(), r.attr["recv_device"].s.decode()
+        if _task(src) == _task(dst):
+            continue
+        if _is_ps(dst):  # worker -> PS: what the PS does with it
+            ps_task, ps_ops = _task(dst), readers(r.name)
+        else:  # PS -> worker: the PS op that produced it
+            ps_task = _task(src)
+            ps_ops = [send_input.get((r.attr["tensor_name"].s, r.attr["send_device"].s), "")]
+        if any(_scope(o) in APPLY_SCOPES for o in ps_ops):
+            kind = "apply"
+        elif any(_scope(o) == "GroupCrossDeviceControlEdges" for o in ps_ops):
+            kind = "control"
+        else:
+            kind = "lookup"
+        by_kind[kind] += 1
+        per_ps[ps_task] += 1
+    calls = len(ps_partitions)
+    return {"ps_rpcs_per_step": calls + sum(by_kind.values()), "ps_component_calls_per_step": calls,
+            "ps_transfers_per_step": sum(by_kind.values()), "ps_lookup_transfers_per_step": by_kind["lookup"],
+            "ps_apply_transfers_per_step": by_kind["apply"], "ps_control_transfers_per_step": by_kind["control"],
+            "ps_transfers_by_ps": dict(sorted(per_ps.items()))}
+
+
+def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int) -> int:
+    """The count ``count_rpcs`` finds for a worker step with PS tables (bp_v2, as in distributed
+    mode), table by table: ``shards`` is each TFRA table's shard count, ``slots`` the embedding
+    optimizer's slot tables (Adam 2, Adagrad 1). Per table and shard:
+
+    * lookup: keys to the PS, found rows and their exists flags back (3); ``init_rows: all``
+      adds the control edge of the shadow's ids write (TFRA orders the find after it) (4);
+    * apply: a control edge (the gradient is ready), per slot table its find (keys in, rows out;
+      a single-shard table skips TFRA's partitioning and sends the keys twice) and its insert
+      (keys, values), and the accum of the rows (keys, deltas, exists): 1 + 4·slots + 3, or
+      1 + 5·slots + 3 with one shard;
+
+    plus, per PS that holds a shard (``ps``), the component function call and the end-of-step
+    control edge (2)."""
+    lookup = 3 if init_rows == "missing" else 4
+    per_table = sum(n * (lookup + 1 + (4 if n > 1 else 5) * slots + 3) for n in shards)
+    return per_table + 2 * ps
+
+
+def run_step(step, batch) -> Dict[str, int]:
+    """Run ``step.step(batch)`` once, recording its partition graphs, and count its RPCs. Call it
+    before the step function is first traced: partition graphs are recorded when a function is
+    instantiated."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        out = step.step(batch)
+        float(out["loss"])
+        meta = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    graphs = [g for fg in meta.function_graphs for g in fg.partition_graphs]
+    return count_rpcs(graphs)
+
+
+def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
+    """One Horovod rank: build the model as ``gmeta train`` does, count one step's RPCs."""
+    import gmeta_tf  # noqa: F401
+    from gmeta_tf.cluster.worker import worker_runtime
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.metaio.reader import load_schema, make_dataset
+    from gmeta_tf.train.trainer import build_tables_once
+
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", f"cluster.ps=[{ps}]", *sets])
+    rt = worker_runtime(cfg, log=lambda m: None)
+    built = build_tables_once(cfg, load_schema(data), rt, str(Path(out_file).parent / "rpc-run"))
+    batch = next(iter(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size)))
+    counts = run_step(built.step_fn, batch)
+    from gmeta_tf.embedding.optimizers import slot_count
+
+    storage = built.model.storage_tables()
+    counts.update(tables=len(storage), ps=rt.ps_tasks, shards=[len(t.devices) for t in storage],
+                  slots=slot_count(cfg.train.embedding_optimizer), init_rows=cfg.model.init_rows)
+    counts["ps_holding_tables"] = len({d for t in storage for d in t.devices})
+    counts["ps_rpcs_formula"] = expected_rpcs(counts["shards"], counts["slots"], cfg.model.init_rows,
+                                              counts["ps_holding_tables"])
+    if rt.rank == 0:
+        Path(out_file).write_text(json.dumps(counts))
+
+
+def measure(data: str, ps: int = 2, runs: Mapping[str, Sequence[str]] = {"default": ()},  # noqa: B006
+            timeout_s: float = 600) -> Dict[str, Dict]:
+    """Start ``ps`` PS processes, then for each of ``runs`` (name -> ``--set`` overrides of the
+    quickstart config) one worker; each run's RPC counts, by name."""
+    from launch.local_cluster import LocalCluster
+
+    cluster = LocalCluster(log=lambda m: None)
+    out: Dict[str, Dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            cluster.start_ps(ps)
+            for name, sets in runs.items():
+                result = Path(tmp) / f"{name}.json"
+                argv = [sys.executable, "-m", "bench.ps_rpcs", "worker", data, str(result),
+                        ",".join(cluster.ps_addresses)]
+                for item in sets:
+                    argv += ["--set", item]
+                code = cluster.run_workers(1, argv, timeout_s=timeout_s)
+                if code != 0:
+                    lines = "\n".join(c for ch in cluster.children for c in ch.lines)
+                    raise RuntimeError(f"PS RPC worker ({name}) failed ({code}):\n{lines[-3000:]}")
+                out[name] = json.loads(result.read_text())
+        finally:
+            cluster.teardown()
+    return out
+
+
+def _sets(argv: List[str]) -> List[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+
+
+def main(argv: List[str]) -> int:
+    if len(argv) >= 4 and argv[0] == "worker":
+        _worker(argv[1], argv[2], argv[3], _sets(argv[4:]))
+        return 0
+    if not argv or argv[0].startswith("-"):
+        print("usage: python -m bench.ps_rpcs DATA [--ps N] [--set KEY=VALUE ...]", file=sys.stderr)
+        return 2
+    ps = int(argv[argv.index("--ps") + 1]) if "--ps" in argv else 2
+    print(json.dumps(measure(argv[0], ps, {"run": _sets(argv[1:])})["run"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
