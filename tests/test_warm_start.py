@@ -63,8 +63,10 @@ def test_warm_start_carries_weights_rows_and_slots_and_learns_new_ids(days, yest
 
     source = json.loads((yesterday / "train_summary.json").read_text())
     source_ckpt = yesterday / "checkpoints" / f"ckpt-{source['best']['step']:08d}"
-    warm = train(_cfg(days[1], "train.steps=20"), tmp_path / "warm", warm_start=str(yesterday))
-    scratch = train(_cfg(days[1], "train.steps=20"), tmp_path / "scratch")
+    # Validation logloss picks the best step here: it is what the comparison at the end reads.
+    today = ("train.steps=20", "train.best_metric=logloss")
+    warm = train(_cfg(days[1], *today), tmp_path / "warm", warm_start=str(yesterday))
+    scratch = train(_cfg(days[1], *today), tmp_path / "scratch")
 
     assert warm["start_step"] == 0 and warm["last_step"] == 20
     assert warm["warm_start"]["checkpoint"] == str(source_ckpt)  # the source's best step by default
@@ -83,9 +85,12 @@ def test_warm_start_carries_weights_rows_and_slots_and_learns_new_ids(days, yest
     assert set(old) <= set(new)  # nothing of yesterday's was lost
     assert len(set(new) - set(old)) > 100  # today's new items
     assert slot_tables  # the optimizer's slot tables were checkpointed too
-    # Warm start is worth it: its first validation is better than a from-scratch run's.
-    first_warm, first_scratch = warm["validation"][0]["auc"], scratch["validation"][0]["auc"]
-    assert first_warm > first_scratch + 0.01, (first_warm, first_scratch)
+    # Warm start is worth it: its first validation is better than a from-scratch run's. Logloss,
+    # not per-user AUC: at this size (8 queries a user, 10 steps) per-user AUC is noise, 0.49-0.59
+    # across four model seeds of the scratch run, while the warm run's logloss was lower by
+    # 0.014-0.029 in all eight runs (both model.init_rows modes, four seeds each).
+    first_warm, first_scratch = warm["validation"][0]["logloss"], scratch["validation"][0]["logloss"]
+    assert first_warm < first_scratch - 0.005, (first_warm, first_scratch)
 
 
 def test_a_restarted_warm_run_resumes_its_own_checkpoint(days, yesterday, tmp_path):
