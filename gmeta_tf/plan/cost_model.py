@@ -86,7 +86,8 @@ def set_features(terms: Sequence[Sequence[float]]) -> Dict[str, float]:
 
 
 def _matrix(rows: Sequence[Dict], names: Sequence[str]) -> np.ndarray:
-    return np.array([[set_features(row_terms(r))[k] for k in names] for r in rows], dtype=np.float64)
+    feats = [set_features(row_terms(r)) for r in rows]
+    return np.array([[f[k] for k in names] for f in feats], dtype=np.float64)
 
 
 class _Linear:
@@ -194,7 +195,8 @@ class CostModel:
     def predict_terms(self, terms_list: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
         if not terms_list:
             return np.zeros(0)
-        x = np.array([[set_features(t)[k] for k in self._reg.features] for t in terms_list])
+        feats = [set_features(t) for t in terms_list]  # once per set, not once per feature
+        x = np.array([[f[k] for k in self._reg.features] for f in feats])
         out = self._reg.predict(x)
         return np.where([len(t) == 0 for t in terms_list], 0.0, out)
 
