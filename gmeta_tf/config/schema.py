@@ -221,7 +221,8 @@ class MetaConfig:
     irls_steps: int = 3
     # The training step's dense math (inner loop, query loss, outer gradient) as one XLA
     # program (gmeta_tf/meta/dense_step.py); TFRA lookups and applies stay outside it. ``auto``
-    # compiles where ``make bench`` measured it faster (docs/profile.md); true / false force it.
+    # compiles where ``make bench`` measured it faster (docs/profile.md: nowhere on CPU today);
+    # true / false force it.
     jit_compile: Union[bool, Literal["auto"]] = "auto"
 
     def __post_init__(self) -> None:
