@@ -40,8 +40,9 @@ _SAMPLE_KEYS = ("dense", "label", "mask")
 # step measured faster in ``make bench`` (docs/profile.md has the numbers). None, on CPU: with
 # the cores not oversubscribed the uncompiled step runs independent ops side by side and the
 # XLA program loses (0.77-0.89x, every row; 2 workers + 2 PS 0.90x). It only won with
-# inter-op parallelism off or on a box loaded 3x over. Newton loses most: XLA's CPU lowering
-# of the batched solve is much slower than TensorFlow's kernel. GPUs are not measured yet.
+# inter-op parallelism off, or on a box loaded 6-7 by other jobs. Newton loses most: XLA's
+# CPU lowering of the batched solve is much slower than TensorFlow's kernel. GPUs are not
+# measured yet.
 AUTO_JIT: frozenset = frozenset()
 
 

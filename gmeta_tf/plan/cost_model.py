@@ -85,9 +85,15 @@ def set_features(terms: Sequence[Sequence[float]]) -> Dict[str, float]:
             "max_ud": float((u * d).max()), "max_n": float(n.max())}
 
 
-def _matrix(rows: Sequence[Dict], names: Sequence[str]) -> np.ndarray:
-    feats = [set_features(row_terms(r)) for r in rows]
+def _terms_matrix(terms_list: Sequence[Sequence[Sequence[float]]], names: Sequence[str]) -> np.ndarray:
+    """One row of ``names`` features per PS shard set; each set reduced once (the search scores
+    thousands of sets per plan)."""
+    feats = [set_features(t) for t in terms_list]
     return np.array([[f[k] for k in names] for f in feats], dtype=np.float64)
+
+
+def _matrix(rows: Sequence[Dict], names: Sequence[str]) -> np.ndarray:
+    return _terms_matrix([row_terms(r) for r in rows], names)
 
 
 class _Linear:
@@ -195,9 +201,7 @@ class CostModel:
     def predict_terms(self, terms_list: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
         if not terms_list:
             return np.zeros(0)
-        feats = [set_features(t) for t in terms_list]  # once per set, not once per feature
-        x = np.array([[f[k] for k in self._reg.features] for f in feats])
-        out = self._reg.predict(x)
+        out = self._reg.predict(_terms_matrix(terms_list, self._reg.features))
         return np.where([len(t) == 0 for t in terms_list], 0.0, out)
 
 
