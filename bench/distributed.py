@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+from bench.ps_rpcs import APPLY_SCOPES, top_scope
+
 STEPS = 120
 RPC_KEYS = ("ps_rpcs_per_step", "ps_component_calls_per_step", "ps_lookup_transfers_per_step",
             "ps_apply_transfers_per_step", "ps_control_transfers_per_step")
@@ -84,7 +86,7 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str] = ()) -> None
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.tasks_per_batch=16",
                                                   f"cluster.ps=[{ps}]", *sets])
     rt = worker_runtime(cfg, log=lambda m: None)
-    model, _, emb_opt, step, _ = build_tables_once(cfg, load_schema(data), rt, Path(out_file).parent / "share-run")
+    model, _, _, step, _ = build_tables_once(cfg, load_schema(data), rt, Path(out_file).parent / "share-run")
     batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(8))
 
     @tf.function
@@ -92,12 +94,15 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str] = ()) -> None
         s = model.embeddings.lookup(batch, trainable=True, per_task=False)
         return [tf.reduce_sum(r) for r in s.rows()]
 
+    rows = model.embeddings.trainable()
+    dims = {t.shadow.name: t.dim for t in model.storage_tables()}
+
     @tf.function
     def applies(batch):
-        s = model.embeddings.lookup(batch, trainable=True, per_task=False)
-        del s  # only the lookups' side effect matters: the shadows now hold this batch's ids
-        grads = [tf.zeros([tf.shape(t.shadow.ids)[0], t.dim]) for t in model.storage_tables()]
-        emb_opt.apply_gradients(zip(grads, model.trainable_shadows()))
+        # Only the lookup's side effect matters: the shadows (and, with model.ps_requests: per_ps,
+        # the PS requests) now hold this batch's ids, which the apply updates.
+        model.embeddings.lookup(batch, trainable=True, per_task=False)
+        model.embeddings.apply(rows, [tf.zeros([tf.shape(s.ids)[0], dims[s.name]]) for s in rows.shadows])
         return tf.constant(0.0)
 
     def timed(fn, n=20):
@@ -130,7 +135,7 @@ def ps_table_ops(graph) -> Dict[str, int]:
     for op in graph.get_operations():
         if "/job:ps/" not in op.device or not op.type.startswith("TFRA>"):
             continue
-        if op.name.split("/")[0].rstrip("_0123456789") in ("Adam", "Adagrad"):
+        if top_scope(op.name) in APPLY_SCOPES:
             applies += 1
         else:
             lookups += 1

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
@@ -120,14 +120,12 @@ def _jit_keys(rates: Dict[str, float], default: str) -> Dict[str, float]:
             "jit_speedup": rates["jit"] / rates["nojit"], "jit_default": default == "jit"}
 
 
-def measure_init_rows(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
-    """The vectorized step (the config's default compilation) with ``model.init_rows: missing``
-    (initial rows drawn for the ids a table does not hold only) and ``all`` (TFRA draws one for
-    every looked-up id), side by side."""
+def measure_model_key(cfg: Config, key: str, values: Sequence[str], seconds: float = 8.0) -> Dict[str, float]:
+    """The vectorized step (the config's default compilation) under each value of ``model.<key>``,
+    side by side: ``tasks_per_s_<value>`` each, ``speedup_<first>_over_<second>``."""
     schema = load_schema(cfg.data.path)
     variant = "jit" if jit_enabled(cfg.meta) else "nojit"
-    steps = {mode: _step(replace(cfg, model=replace(cfg.model, init_rows=mode)), schema, variant)
-             for mode in ("missing", "all")}
+    steps = {v: _step(replace(cfg, model=replace(cfg.model, **{key: v})), schema, variant) for v in values}
     rates = _rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
-    return {"tasks_per_s_missing": rates["missing"], "tasks_per_s_all": rates["all"],
-            "speedup_missing_over_all": rates["missing"] / rates["all"]}
+    return {**{f"tasks_per_s_{v}": rates[v] for v in values},
+            f"speedup_{values[0]}_over_{values[1]}": rates[values[0]] / rates[values[1]]}

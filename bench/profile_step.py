@@ -18,6 +18,9 @@ Buckets (op time is summed over the executor's threads, so it can exceed wall ti
 * ``tfra_apply_find`` / ``tfra_apply_insert``: the optimizer's hash-table finds and inserts
   (each table and its slot tables);
 * ``optimizer_math``: the rest of the optimizers (row and dense Adam arithmetic, counters);
+  with ``model.ps_requests: per_ps`` the lookups and applies it serves are under its scopes
+  (``ps_request_lookup``: ``tfra_find``, ``tfra_init_rows``; ``ps_request_apply``: the apply
+  buckets), worker-side cutting and stitching included;
 * ``inner_loop``: the inner loop's forward and its (inner) gradient, ``dense_outer``: the query
   loss forward and the outer backward (through the inner loop); ``xla_dense``: both, when
   compiled (one XLA program, not split further);
@@ -60,15 +63,15 @@ def bucket(node: str, op_type: str) -> str:
         return "host_copies"
     if op_type.startswith("Horovod"):
         return "allreduce"
-    if top in _OPTIMIZER_SCOPES:
+    if top in _OPTIMIZER_SCOPES or top == "ps_request_apply":
         if op_type.startswith("TFRA>"):
             return "tfra_apply_find" if "Find" in op_type else "tfra_apply_insert"
         return "optimizer_math"
     if op_type in _LOOKUP_OPS:
         return "tfra_unique"
-    if (top == "shadow_embedding_lookup" and "Random" in op_type) or top == "initial_rows":
+    if (top == "shadow_embedding_lookup" and "Random" in op_type) or "initial_rows" in scopes:
         return "tfra_init_rows"
-    if top == "shadow_embedding_lookup" or op_type.startswith("TFRA>"):
+    if top in ("shadow_embedding_lookup", "ps_request_lookup") or op_type.startswith("TFRA>"):
         return "tfra_find"
     if "inner_loop" in scopes and scopes[0] != "gradient_tape":
         return "inner_loop"

@@ -23,7 +23,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Mapping, Sequence
 
-APPLY_SCOPES = ("Adam", "Adagrad")  # TFRA's wrapped optimizers name their ops under these
+# TFRA's wrapped optimizers name their ops under the first two; a PS request's apply under the last
+# (``model.ps_requests: per_ps``, gmeta_tf/embedding/ps_requests.py's APPLY_SCOPE).
+APPLY_SCOPES = ("Adam", "Adagrad", "ps_request_apply")
+LOOKUP_SCOPE = "ps_request_lookup"  # ps_requests.py's LOOKUP_SCOPE
 _TASK = re.compile(r"^(/job:[^/]+/replica:\d+/task:\d+)")
 
 
@@ -36,7 +39,8 @@ def _is_ps(device: str) -> bool:
     return "/job:ps/" in device
 
 
-def _scope(name: str) -> str:
+def top_scope(name: str) -> str:
+    """The top name scope of an op (``Adam`` of ``Adam_3/...``)."""
     return name.split("/")[0].rstrip("_0123456789")
 
 
@@ -83,9 +87,11 @@ def count_rpcs(partition_graphs: Sequence) -> Dict[str, int]:
         else:  # PS -> worker: the PS op that produced it
             ps_task = _task(src)
             ps_ops = [send_input.get((r.attr["tensor_name"].s, r.attr["send_device"].s), "")]
-        if any(_scope(o) in APPLY_SCOPES for o in ps_ops):
+        if any(top_scope(o) == LOOKUP_SCOPE for o in ps_ops):
+            kind = "lookup"  # a PS request's sizes: sent once, read by the lookup and later the apply
+        elif any(top_scope(o) in APPLY_SCOPES for o in ps_ops):
             kind = "apply"
-        elif any(_scope(o) == "GroupCrossDeviceControlEdges" for o in ps_ops):
+        elif any(top_scope(o) == "GroupCrossDeviceControlEdges" for o in ps_ops):
             kind = "control"
         else:
             kind = "lookup"
@@ -98,10 +104,11 @@ def count_rpcs(partition_graphs: Sequence) -> Dict[str, int]:
             "ps_transfers_by_ps": dict(sorted(per_ps.items()))}
 
 
-def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int) -> int:
+def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int, requests: int = 0) -> int:
     """The count ``count_rpcs`` finds for a worker step with PS tables (bp_v2, as in distributed
-    mode), table by table: ``shards`` is each TFRA table's shard count, ``slots`` the embedding
-    optimizer's slot tables (Adam 2, Adagrad 1). Per table and shard:
+    mode). ``shards`` is the shard count of each TFRA table on TFRA's per-table path, ``slots``
+    the embedding optimizer's slot tables (Adam 2, Adagrad 1), ``requests`` the (PS, row width)
+    requests of the tables that go per PS (``model.ps_requests: per_ps``). Per table and shard:
 
     * lookup: keys to the PS, found rows and their exists flags back (3); ``init_rows: all``
       adds the control edge of the shadow's ids write (TFRA orders the find after it) (4);
@@ -110,11 +117,12 @@ def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int) ->
       (keys, values), and the accum of the rows (keys, deltas, exists): 1 + 4·slots + 3, or
       1 + 5·slots + 3 with one shard;
 
-    plus, per PS that holds a shard (``ps``), the component function call and the end-of-step
-    control edge (2)."""
+    per PS request, whatever its tables, shards and slots: ids and their sizes out, rows back (3),
+    gradients and step counters out (2); plus, per PS that holds a shard (``ps``), the component
+    function call and the end-of-step control edge (2)."""
     lookup = 3 if init_rows == "missing" else 4
     per_table = sum(n * (lookup + 1 + (4 if n > 1 else 5) * slots + 3) for n in shards)
-    return per_table + 2 * ps
+    return per_table + 5 * requests + 2 * ps
 
 
 def run_step(step, batch) -> Dict[str, int]:
@@ -136,28 +144,62 @@ def run_step(step, batch) -> Dict[str, int]:
 
 
 def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
-    """One Horovod rank: build the model as ``gmeta train`` does, count one step's RPCs."""
+    """One Horovod rank: build the model as ``gmeta train`` does, count one step's RPCs, train
+    ``STEPS`` more and fingerprint the tables (``table_fingerprint``). Its tables get a namespace
+    of their own (the run's file name), so runs on the same PS processes do not share tables."""
+    from dataclasses import replace
+
     import gmeta_tf  # noqa: F401
     from gmeta_tf.cluster.worker import worker_runtime
     from gmeta_tf.config.loader import load_config
+    from gmeta_tf.embedding.optimizers import slot_count
     from gmeta_tf.metaio.reader import load_schema, make_dataset
     from gmeta_tf.train.trainer import build_tables_once
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", f"cluster.ps=[{ps}]", *sets])
     rt = worker_runtime(cfg, log=lambda m: None)
-    built = build_tables_once(cfg, load_schema(data), rt, str(Path(out_file).parent / "rpc-run"))
-    batch = next(iter(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size)))
-    counts = run_step(built.step_fn, batch)
-    from gmeta_tf.embedding.optimizers import slot_count
-
+    rt = replace(rt, namespace=f"{rt.namespace}-{Path(out_file).stem}")
+    run_dir = Path(out_file).parent / f"{Path(out_file).stem}-run"
+    built = build_tables_once(cfg, load_schema(data), rt, str(run_dir))
+    batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(1 + STEPS))
+    counts = run_step(built.step_fn, batches[0])
+    for batch in batches[1:]:
+        built.step_fn.step(batch)
     storage = built.model.storage_tables()
+    requests = built.model.embeddings.requests
+    served = requests.tables if requests is not None else []
     counts.update(tables=len(storage), ps=rt.ps_tasks, shards=[len(t.devices) for t in storage],
-                  slots=slot_count(cfg.train.embedding_optimizer), init_rows=cfg.model.init_rows)
+                  slots=slot_count(cfg.train.embedding_optimizer), init_rows=cfg.model.init_rows,
+                  per_table_shards=[len(t.devices) for t in storage if not any(t is s for s in served)],
+                  ps_requests=len({(d, t.dim) for t in served for d in t.devices}))
     counts["ps_holding_tables"] = len({d for t in storage for d in t.devices})
-    counts["ps_rpcs_formula"] = expected_rpcs(counts["shards"], counts["slots"], cfg.model.init_rows,
-                                              counts["ps_holding_tables"])
+    counts["ps_rpcs_formula"] = expected_rpcs(counts["per_table_shards"], counts["slots"], cfg.model.init_rows,
+                                              counts["ps_holding_tables"], counts["ps_requests"])
     if rt.rank == 0:
+        built.model.embeddings.export(str(run_dir))
+        counts["tables_after_steps"] = table_fingerprint(str(run_dir))
         Path(out_file).write_text(json.dumps(counts))
+
+
+STEPS = 3  # trained after the counted step: later steps find and update rows earlier ones inserted
+
+
+def table_fingerprint(checkpoint_dir: str) -> Dict[str, List[float]]:
+    """``{file key: [rows, sum of ids mod 2^31, sum of values, sum of values x row rank]}`` of
+    every table and slot table ``Embeddings.export`` wrote (rows in id order): equal tables give
+    equal fingerprints, to float rounding."""
+    import numpy as np
+
+    from gmeta_tf.embedding.table_files import read_table
+
+    out = {}
+    for f in sorted(Path(checkpoint_dir, "tables").glob("*.npz")):
+        keys, values = read_table(checkpoint_dir, f.stem)
+        order = np.argsort(keys)
+        values = values[order].astype(np.float64).reshape(len(keys), -1)
+        rank = np.arange(1, len(keys) + 1, dtype=np.float64)[:, None]
+        out[f.stem] = [len(keys), float(np.sum(keys % (1 << 31))), float(values.sum()), float((values * rank).sum())]
+    return out
 
 
 def measure(data: str, ps: int = 2, runs: Mapping[str, Sequence[str]] = {"default": ()},  # noqa: B006

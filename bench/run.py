@@ -50,7 +50,7 @@ JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],
 
 def bench_meta(results: Dict) -> None:
     from bench.meta_io import measure_read_rate
-    from bench.meta_step import measure, measure_init_rows, measure_jit
+    from bench.meta_step import measure, measure_jit, measure_model_key
     from gmeta_tf.config.loader import load_config
 
     data, prep = _prepared_data()
@@ -62,7 +62,9 @@ def bench_meta(results: Dict) -> None:
     for section, sets in JIT_ROWS.items():
         results[section] = measure_jit(load_config("configs/quickstart.yaml", [f"data.path={data}", *sets]))
     # model.init_rows: initial rows for the missing ids only, or TFRA's draw for every id.
-    results["meta_step_init_rows"] = measure_init_rows(cfg)
+    results["meta_step_init_rows"] = measure_model_key(cfg, "init_rows", ["missing", "all"])
+    # model.ps_requests: one request per PS for all tables, or TFRA's per-table ops (one process).
+    results["meta_step_ps_requests"] = measure_model_key(cfg, "ps_requests", ["per_ps", "per_table"])
     io = measure_read_rate(data, cfg.data, seconds=5.0)
     results["meta_io"] = {
         "read_tasks_per_s": io["tasks_per_s"],
@@ -136,6 +138,7 @@ HEADLINES = [
     ("meta_step_erm.jit_speedup", "… same, algo: erm", ""),
     ("meta_step_newton.jit_speedup", "… same, inner_solver: newton (adapt: head)", ""),
     ("meta_step_init_rows.speedup_missing_over_all", "init_rows: missing / all (tasks/s, quickstart)", ""),
+    ("meta_step_ps_requests.speedup_per_ps_over_per_table", "ps_requests: per_ps / per_table (tasks/s, 1 process)", ""),
     ("meta_io.read_over_consume", "Meta-IO read rate / training consumption", "≥ 3"),
     ("meta_io.read_tasks_per_s", "Meta-IO read, tasks/s", ""),
     ("prepare.prepare_rows_per_s", "prepare, input rows/s", ""),

@@ -1,5 +1,7 @@
 """PS round trips per step (bench/ps_rpcs.py): counted on real PS processes, they follow the
-per-table formula, so fewer table shards on the PS mean fewer RPCs."""
+per-table formula, so fewer table shards on the PS mean fewer RPCs; with ``model.ps_requests:
+per_ps`` a fixed few per PS request, and the same tables after the same steps."""
+import numpy as np
 import pytest
 from tensorflow.core.framework import graph_pb2
 
@@ -51,6 +53,7 @@ def test_formula():
     assert expected_rpcs([2] * 7, 2, "all", 2) == 228
     assert expected_rpcs([1] * 7, 2, "missing", 1) == 121
     assert expected_rpcs([2] * 7, 1, "missing", 2) == 158
+    assert expected_rpcs([], 2, "missing", 2, requests=2) == 14  # per_ps: 7 tables of one width on 2 PS
 
 
 @pytest.mark.integration
@@ -65,21 +68,41 @@ def test_rpcs_per_step_on_real_ps_follow_the_tables(prepared_2500, tmp_path):
     write_placement(str(one_ps), {n: [0] for n in ["item_id", "item_tags", "user_city", "hour", "item_category",
                                                    "user_segment", "device"]}, header="test")
     sets = ["data.tasks_per_batch=8"]
+    per_table = [*sets, "model.ps_requests=per_table"]  # TFRA's lookups and applies, table by table
     runs = measure(str(prepared_2500), 2, {
-        "default": sets,
-        "placed": [*sets, f"cluster.placement={placement}"],
-        "one_ps": [*sets, f"cluster.placement={one_ps}"],
-        "all": [*sets, "model.init_rows=all"],
+        "per_table": per_table,
+        "placed": [*per_table, f"cluster.placement={placement}"],
+        "one_ps": [*per_table, f"cluster.placement={one_ps}"],
+        "all": [*sets, "model.init_rows=all"],  # TFRA's initializer: per table, whatever ps_requests says
+        "per_ps": sets,  # the default (auto: per_ps, the tables are on PS)
+        "per_ps_placed": [*sets, f"cluster.placement={placement}"],
     }, timeout_s=400)
     for name, r in runs.items():
         assert r["ps_rpcs_per_step"] == r["ps_rpcs_formula"], (name, r)
         assert r["ps_component_calls_per_step"] == r["ps_control_transfers_per_step"] == r["ps_holding_tables"]
-    assert runs["default"]["shards"] == [2] * 7 and runs["default"]["ps_rpcs_per_step"] == 214
+    assert runs["per_table"]["shards"] == [2] * 7 and runs["per_table"]["ps_rpcs_per_step"] == 214
     # per table and shard: 3 lookup transfers, 12 apply transfers (Adam, bp_v2)
-    assert runs["default"]["ps_lookup_transfers_per_step"] == 3 * 14
-    assert runs["default"]["ps_apply_transfers_per_step"] == 12 * 14
+    assert runs["per_table"]["ps_lookup_transfers_per_step"] == 3 * 14
+    assert runs["per_table"]["ps_apply_transfers_per_step"] == 12 * 14
     assert sorted(runs["placed"]["shards"]) == [1] * 6 + [2] * 2
     assert runs["one_ps"]["shards"] == [1] * 7 and runs["one_ps"]["ps_holding_tables"] == 1
     assert (runs["one_ps"]["ps_rpcs_per_step"] < runs["placed"]["ps_rpcs_per_step"]
-            < runs["default"]["ps_rpcs_per_step"])
+            < runs["per_table"]["ps_rpcs_per_step"])
     assert runs["all"]["ps_rpcs_per_step"] == 214 + 14  # TFRA's lookup: one more edge per table shard
+    # per_ps: one request per PS (one row width): ids + sizes out, rows back; gradients + step counters out
+    per_ps = runs["per_ps"]
+    assert per_ps["ps_requests"] == 2 and per_ps["per_table_shards"] == []
+    assert per_ps["ps_rpcs_per_step"] == 14
+    assert (per_ps["ps_lookup_transfers_per_step"], per_ps["ps_apply_transfers_per_step"]) == (6, 4)
+    # the column-split item_tags stays on TFRA's path (two 1-shard blocks); the 6 plain tables
+    # make one request on each PS
+    placed = runs["per_ps_placed"]
+    assert placed["per_table_shards"] == [1, 1] and placed["ps_requests"] == 2
+    assert placed["ps_rpcs_per_step"] < runs["placed"]["ps_rpcs_per_step"]
+    # the same tables, slot tables and rows after 4 steps, whichever way the step reached the PS
+    for a, b in (("per_table", "per_ps"), ("placed", "per_ps_placed")):
+        fa, fb = runs[a]["tables_after_steps"], runs[b]["tables_after_steps"]
+        assert fa.keys() == fb.keys() and len(fa) == (7 if a == "per_table" else 8) * 3
+        for key in fa:
+            assert fa[key][:2] == fb[key][:2], key  # same ids
+            np.testing.assert_allclose(fa[key][2:], fb[key][2:], rtol=1e-5, atol=1e-6, err_msg=key)

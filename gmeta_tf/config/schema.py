@@ -167,6 +167,15 @@ class ModelConfig:
     # ``all``: TFRA's initializer draws a random row for every looked-up id on the PS and keeps
     # those of the missing ids (the behaviour before this key).
     init_rows: Literal["missing", "all"] = "missing"
+    # How a step's lookups and optimizer applies reach the PS. ``per_ps``: one request per PS
+    # (and row width) for all the tables it holds, the PS finding, filling and updating the rows
+    # itself (embedding/ps_requests.py): the same tables, files and step, 14 RPCs a step instead
+    # of 214 at the quickstart's 7 tables on 2 PS. Tables with max_rows, init_rows: all, a column
+    # split or a hot tier keep TFRA's path. ``per_table``: TFRA's own for every table, one find
+    # per table and shard, a find and an insert per table, shard and slot table on the apply.
+    # ``auto``: per_ps where the tables are on parameter servers, per_table in one process
+    # (no round trips to save there; make bench measured it level to 7% slower).
+    ps_requests: Literal["auto", "per_table", "per_ps"] = "auto"
 
     def __post_init__(self) -> None:
         for name, n in self.max_rows.items():
@@ -179,6 +188,8 @@ class ModelConfig:
         _require(self.init_stddev > 0, "model.init_stddev", "must be > 0")
         _require(self.init_rows in ("missing", "all"), "model.init_rows",
                  f"must be one of missing, all, got {self.init_rows!r}")
+        _require(self.ps_requests in ("auto", "per_table", "per_ps"), "model.ps_requests",
+                 f"must be one of auto, per_table, per_ps, got {self.ps_requests!r}")
 
 
 @dataclass

@@ -13,7 +13,8 @@ this class. Its life, in the order ``assemble`` (and before it ``create_tables``
    created now, outside any compiled step (a fresh run and a restored run then hold the same
    state in the same layout), then the hot tier's cold-row prefetch, which reads and writes
    those slot tables;
-4. **train**: ``lookup`` (one lookup per table per step), ``trainable`` (what the tape
+4. **train**: ``lookup`` (one lookup per table per step; with ``model.ps_requests: per_ps``
+   one request per PS for the plain tables, ``ps_requests.py``), ``trainable`` (what the tape
    differentiates), ``apply`` (hot rows first, then the TFRA tables), with prefetch
    ``write_behind`` / ``read_ahead`` / ``keep_ahead`` around them, ``step_errors`` (a step's
    failure inside the package, as a typed error);
@@ -42,6 +43,9 @@ from gmeta_tf.embedding.hot.rows import HotRows, build_hot_rows
 from gmeta_tf.embedding.hot_cold import MISS_TEXT, HotColdTable
 from gmeta_tf.embedding.lookup import SparseState, lookup_batch
 from gmeta_tf.embedding.optimizers import TableOptimizers
+from gmeta_tf.embedding.ps_requests import MODES as PS_REQUEST_MODES
+from gmeta_tf.embedding.ps_requests import PsRequests
+from gmeta_tf.embedding.ps_requests import resolve as resolve_ps_requests
 from gmeta_tf.embedding.table import EmbeddingTable, Table
 from gmeta_tf.errors import HotSetMissError
 from gmeta_tf.plan.placement_file import ColumnSplit
@@ -80,11 +84,16 @@ def create_tables(names: Sequence[str], dim: int, *, namespace: str, ps_tasks: i
 
 
 class Embeddings:
-    def __init__(self, tables: Sequence[Table], cat_names: Sequence[str], multi_names: Sequence[str]):
+    def __init__(self, tables: Sequence[Table], cat_names: Sequence[str], multi_names: Sequence[str],
+                 ps_requests: str = "auto"):
+        if ps_requests not in PS_REQUEST_MODES:
+            raise ValueError(f"ps_requests must be one of {', '.join(PS_REQUEST_MODES)}, got {ps_requests!r}")
         self.tables: List[Table] = list(tables)  # feature order: categorical, then multi-hot
         self.cat_names = list(cat_names)
         self.multi_names = list(multi_names)
+        self.ps_requests = ps_requests  # model.ps_requests
         self.optimizers: Optional[TableOptimizers] = None  # set by build_slots
+        self.requests: Optional[PsRequests] = None  # set by build_slots where ps_requests is per_ps
         self.hot: Optional[HotRows] = None  # set by add_hot_tier
 
     # -- what exists ----------------------------------------------------------------------------
@@ -132,6 +141,9 @@ class Embeddings:
         """One optimizer per TFRA table and its slot tables, then the hot tier's prefetch (which
         needs those slot tables). Idempotent: every holder of the optimizers may call it."""
         emb_opt.build(self.shadows_by_table())
+        if (resolve_ps_requests(self.ps_requests, self.tables) == "per_ps"
+                and (self.requests is None or self.optimizers is not emb_opt)):
+            self.requests = PsRequests(self.tables, emb_opt)
         self.optimizers = emb_opt
         if self.hot is not None:
             self.hot.attach(emb_opt)
@@ -155,7 +167,7 @@ class Embeddings:
     def lookup(self, batch: dict, *, trainable: bool, per_task: bool) -> SparseState:
         """Every feature's rows for a task batch: one lookup per table (support + query)."""
         return lookup_batch(self.tables, batch, self.cat_names, self.multi_names,
-                            trainable=trainable, per_task=per_task)
+                            trainable=trainable, per_task=per_task, requests=self.requests)
 
     def trainable(self) -> "TrainableRows":
         """What a step's tape differentiates, by who applies its gradient: the shadows TFRA's
@@ -173,7 +185,10 @@ class Embeddings:
         done = None
         if self.hot is not None:
             done = self.hot.apply(list(hot_grads), self._opt(), list(cold_grads))
-        self._opt().apply_gradients(zip(shadow_grads, rows.shadows))
+        rest = list(zip(shadow_grads, rows.shadows))
+        if self.requests is not None:  # the tables this step's lookup sent as PS requests
+            rest = self.requests.apply(rest)
+        self._opt().apply_gradients(rest)
         return done
 
     # -- cold-row prefetch, inside the compiled step (``hot/prefetch.py``) -------------------

@@ -12,12 +12,16 @@ only. Rows a task touches only in its query get no support gradient and stay as 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
+import tensorflow_recommenders_addons as tfra
 
 import gmeta_tf  # noqa: F401
-from gmeta_tf.embedding.table import Table
+from gmeta_tf.embedding.ps_requests import PsRequests
+from gmeta_tf.embedding.table import Table, UniqueIds, UniqueLookup
+
+de = tfra.dynamic_embedding
 
 
 @dataclass
@@ -62,11 +66,21 @@ def feature_ids(batch: dict, cat_names: Sequence[str], multi_names: Sequence[str
 
 
 def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
-                 multi_names: Sequence[str], *, trainable: bool, per_task: bool) -> SparseState:
+                 multi_names: Sequence[str], *, trainable: bool, per_task: bool,
+                 requests: Optional[PsRequests] = None) -> SparseState:
+    """``requests`` (``model.ps_requests: per_ps``) looks up the tables it takes in one request
+    per PS; every other table looks itself up."""
+    ids = feature_ids(batch, cat_names, multi_names)
+    looked: Dict[int, UniqueLookup] = {}
+    if requests is not None and trainable and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN:
+        mine = [i for i, t in enumerate(tables) if requests.takes(t)]
+        uniq = [UniqueIds.of(ids[i][:2]) for i in mine]
+        rows = requests.find([tables[i] for i in mine], [u.real for u in uniq]) if mine else []
+        looked = {i: u.lookup(r, tables[i].dim) for i, u, r in zip(mine, uniq, rows)}
     feats = []
-    for table, (s_ids, q_ids, multi) in zip(tables, feature_ids(batch, cat_names, multi_names)):
-        looked = table.lookup_unique([s_ids, q_ids], trainable=trainable)
-        rows, index = looked.rows, looked.index
+    for i, (table, (s_ids, q_ids, multi)) in enumerate(zip(tables, ids)):
+        got = looked[i] if i in looked else table.lookup_unique([s_ids, q_ids], trainable=trainable)
+        rows, index = got.rows, got.index
         n_s = tf.size(s_ids)
         if per_task:
             t = tf.shape(s_ids)[0]

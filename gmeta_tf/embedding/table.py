@@ -12,7 +12,7 @@ same small surface, ``Table``: ``name``, ``dim``, ``lookup_unique``, ``size`` an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Protocol, Sequence
+from typing import Dict, List, Optional, Protocol, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -36,6 +36,33 @@ class UniqueLookup:
 
     rows: tf.Tensor  # [U, D]
     index: tf.Tensor  # [P] int32
+
+
+@dataclass
+class UniqueIds:
+    """The de-duplicated ids of one batch of one table: ``index`` maps every input position to
+    its unique id, ``real`` are the unique ids that are not the pad id (what is looked up)."""
+
+    uniq: tf.Tensor
+    index: tf.Tensor
+    valid: tf.Tensor
+    real: tf.Tensor
+
+    @staticmethod
+    def of(ids: Sequence[tf.Tensor]) -> "UniqueIds":
+        flat = tf.concat([tf.reshape(x, [-1]) for x in ids], axis=0)
+        uniq, index = tf.unique(flat, out_idx=tf.int32)
+        valid = uniq >= 0
+        return UniqueIds(uniq, index, valid, tf.boolean_mask(uniq, valid))
+
+    def lookup(self, rows: tf.Tensor, dim: int) -> UniqueLookup:
+        """``rows`` of ``real`` as a ``UniqueLookup``: pad ids map to an appended zero row (they
+        are never looked up, never trained)."""
+        rows = tf.reshape(rows, [-1, dim])
+        n_real = tf.shape(self.real)[0]
+        rows = tf.concat([rows, tf.zeros([1, dim], rows.dtype)], axis=0)
+        row_of_unique = tf.where(self.valid, tf.cumsum(tf.cast(self.valid, tf.int32)) - 1, n_real)
+        return UniqueLookup(rows=tf.gather(rows, row_of_unique), index=self.index)
 
 
 class EmbeddingTable:
@@ -88,10 +115,8 @@ class EmbeddingTable:
         read the table directly and give missing ids a zero vector, so scoring is
         deterministic and never inserts rows.
         """
-        flat = tf.concat([tf.reshape(x, [-1]) for x in ids], axis=0)
-        uniq, index = tf.unique(flat, out_idx=tf.int32)
-        valid = uniq >= 0
-        real = tf.boolean_mask(uniq, valid)
+        ids = UniqueIds.of(ids)
+        real = ids.real
         if trainable and self.init_rows == "missing" and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN:
             rows = self._find_then_init(real)
         elif trainable:
@@ -99,27 +124,25 @@ class EmbeddingTable:
         else:
             rows, exists = self.variable.lookup(real, return_exists=True)
             rows = rows * tf.cast(exists, rows.dtype)[:, None]
-        rows = tf.reshape(rows, [-1, self.dim])
-        # Pad ids map to an appended zero row: they are never looked up, never trained.
-        n_real = tf.shape(real)[0]
-        rows = tf.concat([rows, tf.zeros([1, self.dim], rows.dtype)], axis=0)
-        row_of_unique = tf.where(valid, tf.cumsum(tf.cast(valid, tf.int32)) - 1, n_real)
-        return UniqueLookup(rows=tf.gather(rows, row_of_unique), index=index)
+        return ids.lookup(rows, self.dim)
 
     def _find_then_init(self, ids: tf.Tensor) -> tf.Tensor:
         """TFRA's shadow lookup (``shadow_ops.embedding_lookup``) with the initial rows drawn for
-        the missing ids only: remember ``ids`` for the optimizer's apply, find them on the PS
-        (one lookup per shard, as before), fill the missing rows in, and hand the tape a read of
-        the shadow holding them, so the gradient and the apply's upsert go where TFRA's own
-        lookup sends them."""
-        shadow = self.shadow
+        the missing ids only: find them on the PS (one lookup per shard, as before), fill the
+        missing rows in, and ``remember`` them."""
         # The find does not wait for the ids' write: a control edge into the PS partitions would
         # be one more tensor transfer per table and shard (bench/ps_rpcs.py).
         with tf.name_scope("shadow_embedding_lookup"):  # TFRA's own scope: the profile's buckets
             found, exists = self.variable.lookup(ids, return_exists=True)
-        rows = self.fill_missing(ids, found, exists)
+        return self.remember(ids, self.fill_missing(ids, found, exists), exists if self.variable.bp_v2 else None)
+
+    def remember(self, ids: tf.Tensor, rows: tf.Tensor, exists: Optional[tf.Tensor] = None) -> tf.Tensor:
+        """What TFRA's trainable lookup leaves behind for its optimizer: the shadow holds ``ids``
+        and their ``rows``, and the tape gets a read of it, so the gradient and the apply's upsert
+        go where TFRA's own lookup sends them (``exists``: for TFRA's apply with ``bp_v2``)."""
+        shadow = self.shadow
         writes = [shadow._reset_ids(ids), shadow.assign(rows, read_value=False)]
-        if self.variable.bp_v2:  # ``accum`` adds the delta to existing rows, inserts the others
+        if exists is not None:  # ``bp_v2``: ``accum`` adds the delta to existing rows, inserts the others
             writes.append(shadow.exists.assign(exists, read_value=False))
         with tf.control_dependencies(writes):
             return shadow.read_value(do_prefetch=False)

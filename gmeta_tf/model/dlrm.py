@@ -47,7 +47,7 @@ class DLRM(TowerModel):
                           placement=placement, init_stddev=cfg.init_stddev, seed=cfg.seed, bp_v2=bp_v2,
                           expected_rows=rows, counted=list(cfg.max_rows),
                           init_rows=cfg.init_rows),
-            self.cat_names, self.multi_names)
+            self.cat_names, self.multi_names, ps_requests=cfg.ps_requests)
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
         self.label_mean, self.label_std = label_scaling(schema)
         # The training objective's loss on query (MAML) or all (ERM) samples; see heads.py.
