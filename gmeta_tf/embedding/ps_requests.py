@@ -91,7 +91,7 @@ def serves(table) -> bool:
 def resolve(mode: str, tables: Sequence) -> str:
     """``auto`` is ``per_ps`` where a served table has a shard on a parameter server and
     ``per_table`` otherwise: in one process there are no round trips to save, and the requests'
-    cutting and stitching of ids made the step 0.93-1.02x as fast (``bench/run.py``'s
+    cutting and stitching of ids made the step 0.93-1.06x as fast (``bench/run.py``'s
     ``meta_step_ps_requests``), while at 2 workers + 2 PS they took it from 77 to 33 ms."""
     if mode != "auto":
         return mode
