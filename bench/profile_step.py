@@ -44,6 +44,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
+from bench.ps_rpcs import APPLY_SCOPES, LOOKUP_SCOPE
+
 BUCKETS = ["tfra_unique", "tfra_find", "tfra_init_rows", "tfra_apply_find", "tfra_apply_insert", "optimizer_math", "inner_loop", "dense_outer", "xla_dense",
            "host_copies", "allreduce", "other"]
 _COPY_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "Identity", "IdentityN", "_Retval", "_Arg",
@@ -63,7 +65,7 @@ def bucket(node: str, op_type: str) -> str:
         return "host_copies"
     if op_type.startswith("Horovod"):
         return "allreduce"
-    if top in _OPTIMIZER_SCOPES or top == "ps_request_apply":
+    if top in _OPTIMIZER_SCOPES or top in APPLY_SCOPES:
         if op_type.startswith("TFRA>"):
             return "tfra_apply_find" if "Find" in op_type else "tfra_apply_insert"
         return "optimizer_math"
@@ -71,7 +73,7 @@ def bucket(node: str, op_type: str) -> str:
         return "tfra_unique"
     if (top == "shadow_embedding_lookup" and "Random" in op_type) or "initial_rows" in scopes:
         return "tfra_init_rows"
-    if top in ("shadow_embedding_lookup", "ps_request_lookup") or op_type.startswith("TFRA>"):
+    if top in ("shadow_embedding_lookup", LOOKUP_SCOPE) or op_type.startswith("TFRA>"):
         return "tfra_find"
     if "inner_loop" in scopes and scopes[0] != "gradient_tape":
         return "inner_loop"

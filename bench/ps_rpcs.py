@@ -27,6 +27,7 @@ from typing import Dict, List, Mapping, Sequence
 # (``model.ps_requests: per_ps``, gmeta_tf/embedding/ps_requests.py's APPLY_SCOPE).
 APPLY_SCOPES = ("Adam", "Adagrad", "ps_request_apply")
 LOOKUP_SCOPE = "ps_request_lookup"  # ps_requests.py's LOOKUP_SCOPE
+STEPS = 3  # trained after the counted step: later steps find and update rows earlier ones inserted
 _TASK = re.compile(r"^(/job:[^/]+/replica:\d+/task:\d+)")
 
 
@@ -179,9 +180,6 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
         built.model.embeddings.export(str(run_dir))
         counts["tables_after_steps"] = table_fingerprint(str(run_dir))
         Path(out_file).write_text(json.dumps(counts))
-
-
-STEPS = 3  # trained after the counted step: later steps find and update rows earlier ones inserted
 
 
 def table_fingerprint(checkpoint_dir: str) -> Dict[str, List[float]]:

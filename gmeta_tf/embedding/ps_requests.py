@@ -57,6 +57,7 @@ class _Request:
     order their ids are concatenated. ``sizes`` is worker-side; ``ids`` and ``rows`` (found and
     filled) live on the PS, where the apply reuses them."""
 
+    index: int  # in the step's list of requests
     device: str
     dim: int
     members: List[Tuple[EmbeddingTable, int]] = field(default_factory=list)
@@ -64,6 +65,7 @@ class _Request:
     sizes: Optional[tf.Tensor] = None
     ids: List[tf.Tensor] = field(default_factory=list)  # PS-side, per member
     rows: Optional[tf.Tensor] = None  # PS-side [N, dim]
+    parts: List[tf.Tensor] = field(default_factory=list)  # worker-side: ``rows`` split per member
     exists: List[tf.Tensor] = field(default_factory=list)  # PS-side, per member (``bp_v2``'s accum)
 
 
@@ -135,8 +137,10 @@ class PsRequests:
                 positions = tf.dynamic_partition(tf.range(tf.shape(real)[0]), part, var.shard_num)
                 slots = []
                 for shard, device in enumerate(table.devices):
-                    req = requests.setdefault((device, table.dim), _Request(device, table.dim))
-                    slots.append((list(requests).index((device, table.dim)), len(req.members)))
+                    if (device, table.dim) not in requests:
+                        requests[(device, table.dim)] = _Request(len(requests), device, table.dim)
+                    req = requests[(device, table.dim)]
+                    slots.append((req.index, len(req.members)))
                     req.members.append((table, shard))
                     req.pieces.append(pieces[shard])
                 cuts.append(_Cut(part, positions, slots))
@@ -145,7 +149,7 @@ class PsRequests:
                 self._send(req)
             out = []
             for table, real, cut in zip(tables, ids, cuts):
-                shards = [self._member_rows(*slot) for slot in cut.slots]
+                shards = [self._requests[r].parts[m] for r, m in cut.slots]
                 rows = tf.dynamic_stitch(cut.positions, shards) if len(shards) > 1 else shards[0]
                 rows = tf.reshape(rows, [-1, table.dim])
                 out.append(table.remember(real, rows))
@@ -166,10 +170,7 @@ class PsRequests:
                                                        table.init_stddev))
                 req.exists.append(exists)
             req.rows = tf.concat(found, axis=0)
-
-    def _member_rows(self, request: int, member: int) -> tf.Tensor:
-        req = self._requests[request]
-        return tf.split(req.rows, req.sizes, num=len(req.members))[member]
+        req.parts = tf.split(req.rows, req.sizes, num=len(req.members))
 
     # -- apply --------------------------------------------------------------------------------
     def apply(self, grads_and_shadows: Sequence[Tuple[tf.Tensor, tf.Variable]]) -> List[Tuple[tf.Tensor, tf.Variable]]:
