@@ -10,7 +10,7 @@ from gmeta_tf.config.schema import ConfigError, MetaConfig, ModelConfig, TrainCo
 from gmeta_tf.embedding.collection import Embeddings
 from gmeta_tf.embedding.naming import local_namespace
 from gmeta_tf.embedding.optimizers import TableOptimizers
-from gmeta_tf.embedding.ps_requests import UnmatchedApplyError, resolve
+from gmeta_tf.embedding.ps_requests import PsRequests, UnmatchedApplyError, resolve
 from gmeta_tf.embedding.table import EmbeddingTable
 from gmeta_tf.embedding.table_files import export_variable
 from gmeta_tf.meta.meta_step import TrainStep
@@ -140,6 +140,17 @@ def test_an_apply_must_follow_its_lookup():
         emb.apply(rows, grads)
 
 
+def test_slot_tables_missing_beside_a_table_are_refused_naming_it():
+    """The PS updates a table's slot rows where its rows are: slot tables not placed shard for
+    shard with their table (TFRA places them so; simulated by moving the table's device list)
+    are refused up front, naming the table."""
+    emb = _embeddings("per_table", local_namespace("psr"))
+    emb.tables[0].devices = ["/device:CPU:0"] * 3  # the slot tables stay on "/CPU:0"
+    with pytest.raises(RuntimeError) as err:
+        PsRequests(emb.tables, emb.optimizers)
+    assert "table a" in str(err.value)
+
+
 def test_auto_sends_requests_only_to_parameter_servers():
     """``auto`` (the default) takes the request path only where tables have PS shards: in one
     process there are no round trips to save (bench: level, 0.93-1.06x). With PS it is
@@ -155,3 +166,5 @@ def test_config_key_is_validated():
     assert config_from_dict({"model": {"ps_requests": "per_table"}}).model.ps_requests == "per_table"
     with pytest.raises(ConfigError, match="model.ps_requests"):
         config_from_dict({"model": {"ps_requests": "batched"}})
+    with pytest.raises(ValueError):  # built without the config: the same three modes
+        Embeddings([], [], [], ps_requests="batched")
