@@ -76,10 +76,19 @@ def bench_meta(results: Dict) -> None:
 
 
 def bench_distributed(results: Dict) -> None:
-    from bench.distributed import measure
+    from bench.distributed import COMPARED, measure
 
     data, _ = _prepared_data()
-    results["distributed"] = measure(data, WORK)
+    results["distributed"] = dist = measure(data, WORK)
+    # model.ps_requests: the default (one request per PS, the tables being on PS) against TFRA's
+    # per-table path, the same row again in this run.
+    per_table = measure(data, WORK / "per_table", sets=["model.ps_requests=per_table"])
+    results["distributed_ps_requests"] = {
+        **{f"{k}_per_table": per_table[k] for k in COMPARED},
+        "speedup_2w2ps_per_ps_over_per_table": dist["tasks_per_s_2w2ps"] / per_table["tasks_per_s_2w2ps"],
+        "speedup_2w1ps_per_ps_over_per_table": dist["tasks_per_s_2w1ps"] / per_table["tasks_per_s_2w1ps"],
+        "step_ms_per_ps_over_per_table": dist["step_ms"] / per_table["step_ms"],
+    }
 
 
 def bench_hot_split(results: Dict) -> None:
@@ -148,6 +157,9 @@ HEADLINES = [
     ("distributed.ps_rpcs_per_step", "PS RPCs per worker step (2w2ps): calls + tensor transfers", ""),
     ("distributed.ps_lookup_transfers_per_step", "… of which the lookups' tensor transfers", ""),
     ("distributed.ps_apply_transfers_per_step", "… of which the apply's tensor transfers", ""),
+    ("distributed_ps_requests.speedup_2w2ps_per_ps_over_per_table", "ps_requests: per_ps / per_table, 2w2ps tasks/s", ""),
+    ("distributed_ps_requests.step_ms_per_ps_over_per_table", "… same, worker step time (2w2ps)", ""),
+    ("distributed_ps_requests.ps_rpcs_per_step_per_table", "… PS RPCs per step on TFRA's per-table path", ""),
     ("distributed.ps_lookup_ops_per_step", "hash-table lookups on the PS per worker step (2w2ps)", ""),
     ("distributed.ps_apply_ops_per_step", "hash-table finds + inserts of the apply on the PS, per step", ""),
     ("sharding.cost_model_error", "PS cost model, held-out error (geo. mean)", "≤ 0.10"),
