@@ -173,14 +173,18 @@ space:
 """
 
 
-def _tune(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
+def _tune_args(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
     space_file = tmp_path / "space.yaml"
     space_file.write_text(space)
     args = ["tune", "--config", "configs/quickstart.yaml", "--data", str(tiny_data), "--space", str(space_file),
             "--trials", str(trials), "--out", str(out), "--seed", "1"]
     for item in sets:
         args += ["--set", item]
-    return CliRunner().invoke(cli, args)
+    return args
+
+
+def _tune(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
+    return CliRunner().invoke(cli, _tune_args(tiny_data, tmp_path, out, trials, space, sets))
 
 
 @pytest.mark.integration
@@ -220,6 +224,40 @@ def test_cli_tune_writes_best_config_and_resumes(tiny_data, tmp_path):
     r = _tune(tiny_data, tmp_path, out, trials=5, space="space:\n  meta.inner_lr: {low: 0.05, high: 0.5}\n")
     assert r.exit_code == 2 and "different space" in r.output, r.output
     assert ((out / "trials.json").read_text(), (out / "best.yaml").read_text()) == before
+
+
+@pytest.mark.integration
+def test_a_tune_killed_during_a_trial_resumes_without_repeating_scored_params(tiny_data, tmp_path):
+    """Case 9: `gmeta tune` killed (-9) while trial 1 trains; the re-run marks trial 1 failed and
+    samples new parameters (it re-drew trial 0's: the sampler restarted from the same seed)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "tune"
+    log = open(tmp_path / "killed.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gmeta_tf.cli.main", *_tune_args(tiny_data, tmp_path, out, 3)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "trials" / "trial-001").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (out / "trials" / "trial-001").exists(), (tmp_path / "killed.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        log.close()
+
+    r = _tune(tiny_data, tmp_path, out, trials=3)
+    assert r.exit_code == 0, r.output
+    trials = json.loads((out / "trials.json").read_text())["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"], trials
+    scored = [tuple(sorted(t["params"].items())) for t in trials if t["state"] == "COMPLETE"]
+    assert len(set(scored)) == len(scored), trials  # no parameters scored twice
+    assert "trial 0:" not in r.output  # trial 0 was not run again
 
 
 @pytest.mark.integration
