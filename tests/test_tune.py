@@ -6,6 +6,7 @@ and trials that report bad values while running must be pruned (and good ones no
 """
 import json
 import math
+from pathlib import Path
 
 import optuna
 import pytest
@@ -187,8 +188,31 @@ def _tune(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
     return CliRunner().invoke(cli, _tune_args(tiny_data, tmp_path, out, trials, space, sets))
 
 
+def _kill_during_trial(args, trial_dir, log_path) -> None:
+    """Run ``gmeta <args>`` in a real process and kill it (-9) once ``trial_dir`` appears."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gmeta_tf.cli.main", *args], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not trial_dir.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert trial_dir.exists(), Path(log_path).read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        log.close()
+
+
 @pytest.mark.integration
-def test_cli_tune_writes_best_config_and_resumes(tiny_data, tmp_path):
+def test_cli_tune_writes_best_config_and_resumes_after_a_kill(tiny_data, tmp_path):
     out = tmp_path / "tune"
     r = _tune(tiny_data, tmp_path, out, trials=2)
     assert r.exit_code == 0, r.output
@@ -212,52 +236,24 @@ def test_cli_tune_writes_best_config_and_resumes(tiny_data, tmp_path):
     assert best.model.interaction == "concat"  # from --config
     assert f"best: trial {winner['number']}" in r.output and "meta.inner_lr" in r.output
 
-    # the same OUT resumes the study: one more trial makes three
+    # the same OUT resumes the study, here after `gmeta tune --trials 3` was killed (-9) while
+    # trial 2 trained (case 9): trial 2 fails, trial 3 makes three finished, and no parameters
+    # are scored twice (trial 3 re-drew trial 0's: the sampler restarted from the same seed)
+    _kill_during_trial(_tune_args(tiny_data, tmp_path, out, 3), out / "trials" / "trial-002", tmp_path / "killed.log")
     r = _tune(tiny_data, tmp_path, out, trials=3)
     assert r.exit_code == 0, r.output
     again = json.loads((out / "trials.json").read_text())["trials"]
-    assert [t["number"] for t in again] == [0, 1, 2] and again[:2] == trials
-    assert "trial 0:" not in r.output and "trial 2:" in r.output
+    assert [(t["number"], t["state"]) for t in again] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "FAIL"),
+                                                           (3, "COMPLETE")] and again[:2] == trials
+    assert "trial 0:" not in r.output and "trial 3:" in r.output
+    scored = [tuple(sorted(t["params"].items())) for t in again if t["state"] == "COMPLETE"]
+    assert len(set(scored)) == len(scored), again
 
     # another search in the same OUT is refused, and nothing there changes
     before = (out / "trials.json").read_text(), (out / "best.yaml").read_text()
     r = _tune(tiny_data, tmp_path, out, trials=5, space="space:\n  meta.inner_lr: {low: 0.05, high: 0.5}\n")
     assert r.exit_code == 2 and "different space" in r.output, r.output
     assert ((out / "trials.json").read_text(), (out / "best.yaml").read_text()) == before
-
-
-@pytest.mark.integration
-def test_a_tune_killed_during_a_trial_resumes_without_repeating_scored_params(tiny_data, tmp_path):
-    """Case 9: `gmeta tune` killed (-9) while trial 1 trains; the re-run marks trial 1 failed and
-    samples new parameters (it re-drew trial 0's: the sampler restarted from the same seed)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    out = tmp_path / "tune"
-    log = open(tmp_path / "killed.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gmeta_tf.cli.main", *_tune_args(tiny_data, tmp_path, out, 3)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not (out / "trials" / "trial-001").exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (out / "trials" / "trial-001").exists(), (tmp_path / "killed.log").read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        log.close()
-
-    r = _tune(tiny_data, tmp_path, out, trials=3)
-    assert r.exit_code == 0, r.output
-    trials = json.loads((out / "trials.json").read_text())["trials"]
-    assert [t["state"] for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"], trials
-    scored = [tuple(sorted(t["params"].items())) for t in trials if t["state"] == "COMPLETE"]
-    assert len(set(scored)) == len(scored), trials  # no parameters scored twice
-    assert "trial 0:" not in r.output  # trial 0 was not run again
 
 
 @pytest.mark.integration

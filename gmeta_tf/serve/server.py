@@ -2,10 +2,10 @@
 
 The model loads before the port opens, so every health and readiness endpoint answers only
 once the model can serve (``/``, ``/v2/health/live``, ``/v2/health/ready``, ``/v1/models/NAME``,
-``/v2/models/NAME/ready``). Two things KServe does not do are added here: it binds its REST
-server to 0.0.0.0 (``--host`` picks the interface: loopback by default, ``0.0.0.0`` in a pod),
-it answers a v2 body that fails its schema with 422; that is a bad request (400) like every
-other one, with the field named; and it reads a v2 body sent without ``content-type:
+``/v2/models/NAME/ready``). Where KServe falls short for our clients, this changes it: it binds
+its REST server to 0.0.0.0 (``--host`` picks the interface: loopback by default, ``0.0.0.0`` in
+a pod); it answers a v2 body that fails its schema with 422, which is a bad request (400) like
+every other one, with the field named; and it reads a v2 body sent without ``content-type:
 application/json`` (curl's default form type, or none) as the binary tensor extension, which
 needs an ``inference-header-content-length`` header the client never meant to send. Both
 endpoints read such a body as JSON: the header, not the content type, says "binary". Each request
