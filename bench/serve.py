@@ -8,13 +8,20 @@ A second server with micro-batching on runs alongside; ``predict`` points altern
 two in halves.
 Keys: ``serve.<signature>.c<clients>.p50_ms`` / ``.p99_ms`` / ``.rps``, plus
 ``serve.predict_batched.c16.*`` (micro-batching on) and ``serve.batched_over_unbatched_rps_c16``.
-Clients and server share this box's cores, so absolute figures are pessimistic; the ratio is
+
+Where the batcher should matter: one-row ``predict`` requests (one candidate each, the row format
+most clients send) from 16 clients, ``serve.predict_1row.c16.*`` on the plain server and
+``serve.predict_1row_batched.c16.*`` on the batched one (with ``rows_per_call``, the mean merged
+batch from the server's /metrics), alternating in quarters; ``serve.batched_over_unbatched_rps_1row_c16``
+is their requests/s ratio (target >= 1.5: a merged call pays one model call for many rows).
+Clients and server share this box's cores, so absolute figures are pessimistic; the ratios are
 what to track.
 """
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -66,6 +73,27 @@ def model_under_bench(work: Path) -> Path:
 def _body(work: Path, signature: str) -> bytes:
     inputs = json.loads((work / "requests.json").read_text())[signature]
     return json.dumps({"signature_name": signature, "inputs": inputs}).encode()
+
+
+def _one_row_body(work: Path) -> bytes:
+    """The first predict row, in the row format (``instances``)."""
+    inputs = json.loads((work / "requests.json").read_text())["predict"]
+    return json.dumps({"signature_name": "predict", "instances": [{k: v[0] for k, v in inputs.items()}]}).encode()
+
+
+def _calls_and_rows(port: int):
+    """(model calls, rows) of ``predict`` so far, from the server's /metrics (``serve/model.py``)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    got = {}
+    for what in ("calls", "rows"):
+        m = re.search(rf'^gmeta_serve_model_{what}_total{{[^}}]*signature="predict"[^}}]*}} (\S+)$', text, re.M)
+        got[what] = float(m.group(1)) if m else 0.0
+    return got["calls"], got["rows"]
 
 
 def _client(port: int, body: bytes, stop_at: float, warmup: int, out: List[float], errors: List[str]) -> None:
@@ -135,6 +163,16 @@ def measure(work: Path, seconds: float = 3.0) -> Dict:
             results["predict_batched"][f"c{c}"] = _summary([h[1] for h in halves])
         results["adapt_and_predict"] = {f"c{c}": _summary([_drive(plain, adapt, c, seconds)])
                                         for c in (1, 16)}
+        one_row = _one_row_body(work)
+        calls0, rows0 = _calls_and_rows(batched)
+        quarters = [(_drive(plain, one_row, 16, seconds / 4), _drive(batched, one_row, 16, seconds / 4))
+                    for _ in range(4)]
+        calls1, rows1 = _calls_and_rows(batched)
+        results["predict_1row"] = {"c16": _summary([q[0] for q in quarters])}
+        results["predict_1row_batched"] = {"c16": {**_summary([q[1] for q in quarters]),
+                                                   "rows_per_call": (rows1 - rows0) / max(calls1 - calls0, 1)}}
     results["batched_over_unbatched_rps_c16"] = (results["predict_batched"]["c16"]["rps"]
                                                  / results["predict"]["c16"]["rps"])
+    results["batched_over_unbatched_rps_1row_c16"] = (results["predict_1row_batched"]["c16"]["rps"]
+                                                      / results["predict_1row"]["c16"]["rps"])
     return results

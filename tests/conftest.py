@@ -152,3 +152,21 @@ def prepared_rating_te(tmp_path_factory) -> Path:
             PrepareConfig(query=6, max_support=12, min_task_size=10, test_frac=0.3, valid_frac=0.1, shards=2,
                           target_encoding=["item_id"], target_encoding_prior=3.0))
     return root / "prepared"
+
+
+@pytest.fixture(scope="session")
+def exported_model(request, prepared_kinds, tmp_path_factory):
+    """``exported_model(name)``: run ``name`` of ``serve_fixture.RUNS`` trained and exported once
+    per session (per xdist worker), as (run dir, export dir, export.json)."""
+    from serve_fixture import RUNS, train_and_export
+
+    done = {}
+
+    def get(name: str):
+        if name not in done:
+            kind = RUNS[name][0]
+            data = request.getfixturevalue("prepared_rating_te") if kind == "rating_te" else prepared_kinds[kind]
+            done[name] = train_and_export(data, tmp_path_factory.mktemp(f"run-{name}"), name)
+        return done[name]
+
+    return get

@@ -1,19 +1,25 @@
-"""The model `gmeta serve` is tested and benchmarked on: ONE place to change.
+"""The models `gmeta serve` is tested and benchmarked on, and how tests start it: ONE place.
 
-Until `gmeta export` lands, this builds a stand-in: a small stock-TensorFlow SavedModel
-(``tf.Module`` + ``tf.function`` signatures, no TFRA, no gmeta_tf) with the export's signature
-names, input names, dtypes and shapes, and deterministic weights, so responses can be asserted
-by value against the SavedModel called in-process. After the merge, ``build_model`` can run
-``gmeta export`` on a trained run instead; the tests and the ``serve`` bench section only use
-``build_model`` and ``example_inputs``, and start the real server with ``server_process``.
+* ``RUNS`` / ``train_and_export``: real `gmeta export`s of tiny runs on synthetic data (the
+  quickstart model's features ``item_id``, ``item_category``, ``user_city``, ``user_segment``,
+  ``device``, ``hour``, ``item_tags``, ``dense``), for a click and a rating model;
+  ``export_inputs`` makes valid requests for one from its ``export.json``. ``tests/conftest.py``
+  trains each once per session (``exported_model``).
+* ``build_model``: a stock-TensorFlow SavedModel that is *not* a gmeta export (no
+  ``assets.extra/export.json``, inputs named ``user``, ``item``, ``genres``, ``dense``): what any
+  other SavedModel looks like to the server, which serves it from its TensorSpecs alone.
+  ``example_inputs`` makes requests for it. Its ``read`` signature fails inside the model on a
+  path that does not exist: a server fault (HTTP 500), not a client error.
+* ``server_process``: the real `gmeta serve` on a free port, stopped after; ``request``: one HTTP
+  request to it.
 
-Signatures (as the export will have them):
+The stand-in's signatures:
 
 * ``predict(user int64 [N], item int64 [N], genres int64 [N, L], dense float32 [N, D]) -> score [N]``
 * ``adapt_and_predict(support_user, support_item, support_genres, support_dense, support_label
   float32 [S], query_user, query_item, query_genres, query_dense) -> score [Q]``: a few SGD steps of
   the output layer on the support samples (on a copy, like the real inner loop), then query scores.
-* ``serving_default`` = ``predict``.
+* ``serving_default`` = ``predict``; ``read(path string [N]) -> size int64 [N]``.
 """
 from __future__ import annotations
 
@@ -26,10 +32,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Sequence, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
+REPO = Path(__file__).resolve().parents[1]
 GENRES = 3  # L: multi-hot width
 DENSE = 4  # D: dense features
 FEATURES = ("user", "item", "genres", "dense")
@@ -105,11 +112,16 @@ def _module():
                 w2, b2 = w2 - _INNER_LR * gw, b2 - _INNER_LR * gb
             return {"score": tf.sigmoid(self.head(hq, w2, b2))}
 
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="path")])
+        def read(self, path):
+            return {"size": tf.map_fn(lambda p: tf.strings.length(tf.io.read_file(p), unit="BYTE"), path,
+                                      fn_output_signature=tf.int32)}
+
     return StandIn()
 
 
 def build_model(out_dir) -> Path:
-    """Write the model under test to ``out_dir`` (a SavedModel directory) and return it."""
+    """Write the stand-in (not a gmeta export) to ``out_dir`` (a SavedModel directory) and return it."""
     import tensorflow as tf
 
     out = Path(out_dir)
@@ -119,7 +131,74 @@ def build_model(out_dir) -> Path:
         "predict": predict,
         "serving_default": predict,
         "adapt_and_predict": m.adapt_and_predict.get_concrete_function(),
+        "read": m.read.get_concrete_function(),
     })
+    return out
+
+
+# name: (synthetic label kind, config overrides on top of configs/quickstart.yaml)
+RUNS = {
+    "click_top_sgd": ("click", []),
+    "click_embeddings": ("click", ["meta.adapt=dense+embedding", "meta.inner_steps=2"]),
+    # The MovieLens example's inner loop (examples/movielens/config.yaml), validated so a
+    # `best` checkpoint exists.
+    "rating_newton": ("rating", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
+                                 "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
+                                 "train.eval_every=5"]),
+    # The MovieLens example's data features: target encoding of the item (prepared with it) and
+    # rare items and tags pooled into RARE_ID; k chosen so that some test ids are rare.
+    # Also its recency-weighted, least-absolute-deviations support fit (meta.support_half_life,
+    # learned; meta.support_loss) and absolute outer loss.
+    "rating_te_rare": ("rating_te", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
+                                     "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
+                                     "meta.support_half_life=4", "model.rating_loss=absolute",
+                                     "meta.support_loss=absolute",
+                                     "train.eval_every=5", "data.min_id_count.item_id=3",
+                                     "data.min_id_count.item_tags=3"]),
+}
+
+
+def train_and_export(data: Path, root: Path, name: str) -> Tuple[Path, Path, dict]:
+    """Run ``name`` of ``RUNS`` trained (10 steps) on the prepared ``data`` into ``root/run`` and
+    exported to ``root/export``: (run dir, export dir, manifest)."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.export.export_run import export_run
+    from gmeta_tf.train.trainer import train
+
+    _, sets = RUNS[name]
+    cfg = load_config(REPO / "configs" / "quickstart.yaml", [
+        f"data.path={data}", "data.tasks_per_batch=8", "train.steps=10",
+        "train.checkpoint_every=10", "train.log_every=5", *sets])
+    run = root / "run"
+    train(cfg, run)
+    out = root / "export"
+    return run, out, export_run(str(run), str(out))
+
+
+def export_inputs(manifest: dict, signature: str, batch: int = 4, support: int = 6, seed: int = 0,
+                  width: int = 3) -> Dict[str, np.ndarray]:
+    """Valid inputs for ``signature`` of the export ``manifest`` describes: ids in the data's
+    range (some unseen), multi-hot lists of ``width`` padded with -1, dense values near the
+    data's, labels the model was trained on (``batch`` rows; ``adapt_and_predict``: ``support``
+    labelled samples and ``batch`` queries)."""
+    rng = np.random.default_rng(seed)
+    sig = manifest["signatures"][signature]
+    sig = manifest["signatures"][sig["same_as"]] if "same_as" in sig else sig
+    label = manifest["label"]
+    out = {}
+    for x in sig["inputs"]:
+        n = support if x["name"].startswith("support_") else batch
+        if x["role"] == "categorical":
+            out[x["name"]] = rng.integers(0, 40, n).astype(np.int64)
+        elif x["role"] == "multi_hot":
+            ids = rng.integers(0, 40, (n, width)).astype(np.int64)
+            ids[:, 1:][rng.random((n, width - 1)) < 0.4] = -1
+            out[x["name"]] = ids
+        elif x["role"] == "dense":
+            out[x["name"]] = rng.uniform(0.0, 50.0, (n, x["shape"][1])).astype(np.float32)
+        else:  # the label
+            values = label["values"] if "values" in label else np.arange(label.get("min", 1), label.get("max", 5) + 1)
+            out[x["name"]] = rng.choice(values, n).astype(np.float32)
     return out
 
 
@@ -146,8 +225,6 @@ def example_inputs(signature: str, batch: int = 4, support: int = 6, seed: int =
     raise ValueError(f"no example inputs for signature {signature!r}")
 
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def free_port() -> int:
     from launch.local_cluster import free_ports
@@ -156,12 +233,14 @@ def free_port() -> int:
 
 
 def request(port: int, method: str, path: str, body: Any = None, timeout: float = 30.0,
-            raw: bytes = None, headers: Dict[str, str] = None) -> Tuple[int, Any]:
+            raw: bytes = None, headers: Dict[str, str] = None,
+            content_type: Optional[str] = "application/json") -> Tuple[int, Any]:
     """One HTTP request to 127.0.0.1:port; returns (status, parsed JSON or text)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        conn.request(method, path, body=data, headers={"content-type": "application/json", **(headers or {})})
+        sent = {**({"content-type": content_type} if content_type else {}), **(headers or {})}
+        conn.request(method, path, body=data, headers=sent)
         resp = conn.getresponse()
         text = resp.read().decode()
     finally:

@@ -22,46 +22,13 @@ from click.testing import CliRunner
 from gmeta_tf.cli.main import cli
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.errors import CheckpointError, DataError
+from tests.serve_fixture import RUNS
 
 TOL = 1e-5
 REPO = Path(__file__).resolve().parents[1]
 CLIENT = Path(__file__).with_name("export_client.py")
 VENV_BIN = Path(sys.executable).parent
 TIMEOUT = 300
-
-# name: (synthetic label kind, config overrides on top of configs/quickstart.yaml)
-RUNS = {
-    "click_top_sgd": ("click", []),
-    "click_embeddings": ("click", ["meta.adapt=dense+embedding", "meta.inner_steps=2"]),
-    # The MovieLens example's inner loop (examples/movielens/config.yaml), validated so a
-    # `best` checkpoint exists.
-    "rating_newton": ("rating", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
-                                 "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
-                                 "train.eval_every=5"]),
-    # The MovieLens example's data features: target encoding of the item (prepared with it) and
-    # rare items and tags pooled into RARE_ID; k chosen so that some test ids are rare.
-    # Also its recency-weighted, least-absolute-deviations support fit (meta.support_half_life,
-    # learned; meta.support_loss) and absolute outer loss.
-    "rating_te_rare": ("rating_te", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
-                                     "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
-                                     "meta.support_half_life=4", "model.rating_loss=absolute",
-                                     "meta.support_loss=absolute",
-                                     "train.eval_every=5", "data.min_id_count.item_id=3",
-                                     "data.min_id_count.item_tags=3"]),
-}
-
-
-def _train(data: dict, tmp_path_factory, name):
-    from gmeta_tf.train.trainer import train
-
-    kind, sets = RUNS[name]
-    cfg = load_config("configs/quickstart.yaml", [
-        f"data.path={data[kind]}", "data.tasks_per_batch=8", "train.steps=10",
-        "train.checkpoint_every=10", "train.log_every=5", *sets])
-    run = tmp_path_factory.mktemp(f"run-{name}") / "run"
-    train(cfg, run)
-    return run
-
 
 def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
     """``gmeta eval``'s per-task scores of the test split, and the same tasks' samples as the
@@ -99,20 +66,16 @@ def _client(export_dir: Path, inputs: Path, out: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def exports(prepared_kinds, prepared_rating_te, tmp_path_factory):
-    """``exports(name)``: run ``name`` of ``RUNS`` trained, exported and scored by the fresh
-    client, once per module, as (run dir, export dir, manifest, gmeta eval's scores, the
-    client's result). Tests about every run take ``exported``; a test about one run names it."""
-    from gmeta_tf.export.export_run import export_run
-
-    data = {**prepared_kinds, "rating_te": prepared_rating_te}
+def exports(exported_model):
+    """``exports(name)``: run ``name`` of ``RUNS`` trained and exported (``exported_model``, once per
+    session) and scored by the fresh client, once per module, as (run dir, export dir, manifest,
+    gmeta eval's scores, the client's result). Tests about every run take ``exported``; a test
+    about one run names it."""
     done = {}
 
     def get(name: str):
         if name not in done:
-            run = _train(data, tmp_path_factory, name)
-            out = run.parent / "export"
-            manifest = export_run(str(run), str(out))
+            run, out, manifest = exported_model(name)
             scores = _test_split_inputs(run, manifest, run.parent / "inputs.npz")
             client = _client(out, run.parent / "inputs.npz", run.parent / "client.json")
             done[name] = run, out, manifest, scores, client
@@ -172,6 +135,16 @@ def test_manifest_and_layout(exported):
         assert sorted(client["inputs"][sig]) == sorted(x["name"] for x in manifest["signatures"][sig]["inputs"])
     device = next(x for x in manifest["signatures"]["predict"]["inputs"] if x["feature"] == "device")
     assert device["hashed"] is True and device["dtype"] == "int64" and device["shape"] == [-1]
+    # what a server cannot read from the TensorSpecs: batch groups, pad values, the labels trained on
+    sigs = manifest["signatures"]
+    assert {x["batch_group"] for x in sigs["predict"]["inputs"]} == {"samples"}
+    assert sigs["predict"]["output_batch_group"] == "samples" and sigs["adapt_and_predict"]["output_batch_group"] == "query"
+    assert {x["name"]: x["batch_group"] for x in sigs["adapt_and_predict"]["inputs"]} == {
+        x["name"]: x["name"].split("_", 1)[0] for x in sigs["adapt_and_predict"]["inputs"]}
+    assert {x["name"]: x.get("pad") for x in sigs["predict"]["inputs"] if "pad" in x} == {"item_tags": -1}
+    label = manifest["label"]
+    assert label == ({"kind": "click", "name": "click", "values": [0.0, 1.0]} if label["kind"] == "click" else
+                     {"kind": "rating", "name": "rating", "min": 1.0, "max": 5.0})
     assert manifest["source"]["step"] in (5, 10)  # best (validated runs) or latest
     if manifest["adaptation"]["solver"] == "newton":
         assert manifest["adaptation"]["ridge_lambda"] == "learned per feature"
@@ -359,3 +332,32 @@ def test_a_config_that_does_not_match_the_checkpoint_names_the_weight(exports, t
     with pytest.raises(CheckpointError, match=message):
         export_run(str(run), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name, labels, message", [
+    ("click_top_sgd", [5.0, 4.0, 1.0, 3.0], "support_label: a click model takes 0 or 1"),
+    ("rating_newton", [100.0, 3.0, 3.0, 3.0], "support_label: this rating model was trained on labels in [1, 5]"),
+    ("rating_newton", [3.0, -50.0, 3.0, 3.0], "support_label: this rating model was trained on labels in [1, 5]"),
+    ("rating_newton", [3.0, float("nan"), 3.0, 3.0], "input 'support_label' holds NaN or Inf"),
+])
+def test_the_signature_refuses_a_support_set_it_cannot_adapt_to(exported_model, name, labels, message):
+    """Labels the model was not trained on (a click model adapted to ratings scored 0.99999; a
+    1-5 rating model adapted to 100 scored 405.6) and NaN support values (every query score
+    became NaN) fail the SavedModel's own call, for clients that do not go through gmeta serve."""
+    import tensorflow as tf
+
+    from tests.serve_fixture import export_inputs
+
+    _, out, manifest = exported_model(name)
+    fn = tf.saved_model.load(str(out)).signatures["adapt_and_predict"]
+    good = export_inputs(manifest, "adapt_and_predict", batch=2, support=4, seed=1)
+    scores = fn(**{k: tf.constant(v) for k, v in good.items()})["score"].numpy()
+    assert np.isfinite(scores).all()
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        fn(**{k: tf.constant(v) for k, v in {**good, "support_label": np.float32(labels)}.items()})
+    assert message in e.value.message
+    dense = good["support_dense"].copy()
+    dense[2, 1] = np.nan
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 'support_dense' holds NaN or Inf"):
+        fn(**{k: tf.constant(v) for k, v in {**good, "support_dense": dense}.items()})

@@ -7,33 +7,52 @@ import threading
 import numpy as np
 import pytest
 
-from gmeta_tf.serve.batcher import BatchingConfig, MicroBatcher, batchable
-from gmeta_tf.serve.signatures import Signature, TensorInfo, batch_groups
+from gmeta_tf.serve.batcher import BatchingConfig, MicroBatcher, batchable, merge, not_batchable
+from gmeta_tf.serve.signatures import Signature, TensorInfo
 
 pytestmark = pytest.mark.fast
 
 
-def _t(name, shape, dtype=np.int64):
-    return TensorInfo(name=name, dtype=np.dtype(dtype), shape=shape)
+def _t(name, shape, dtype=np.int64, group=None, pad=None):
+    return TensorInfo(name=name, dtype=np.dtype(dtype), shape=shape, group=group, pad=pad)
 
 
-def _sig(name, inputs):
-    inputs = {t.name: t for t in inputs}
-    return Signature(name=name, inputs=inputs, outputs={"score": _t("score", (None,), np.float32)},
-                     batch_groups=batch_groups(inputs))
+def _sig(name, inputs, output_group=None):
+    return Signature(name=name, inputs={t.name: t for t in inputs},
+                     outputs={"score": _t("score", (None,), np.float32)}, output_group=output_group)
 
 
-PREDICT = _sig("predict", [_t("user", (None,)), _t("item", (None,)), _t("genres", (None, 3)),
-                           _t("dense", (None, 4), np.float32)])
-ADAPT = _sig("adapt_and_predict", [_t("support_user", (None,)), _t("support_label", (None,), np.float32),
-                                   _t("query_user", (None,)), _t("query_dense", (None, 4), np.float32)])
+# The quickstart export's predict: item_* and user_* are one sample's features, declared one group.
+PREDICT = _sig("predict", [_t(n, (None,), group="samples") for n in ("item_id", "user_city", "user_segment")]
+               + [_t("item_tags", (None, None), group="samples", pad=-1),
+                  _t("dense", (None, 3), np.float32, group="samples")], output_group="samples")
+ADAPT = _sig("adapt_and_predict", [_t("support_item_id", (None,), group="support"),
+                                   _t("support_label", (None,), np.float32, group="support"),
+                                   _t("query_item_id", (None,), group="query"),
+                                   _t("query_dense", (None, 4), np.float32, group="query")], output_group="query")
+UNDECLARED = _sig("predict", [_t("user", (None,)), _t("item", (None,))])
 
 
-def test_batch_groups_from_names():
-    assert PREDICT.batch_groups == {"": ("dense", "genres", "item", "user")}
-    assert ADAPT.batch_groups == {"query": ("query_dense", "query_user"),
-                                  "support": ("support_label", "support_user")}
-    assert batchable(PREDICT) and not batchable(ADAPT)
+def test_batch_groups_are_what_the_export_declares():
+    assert PREDICT.batch_groups == {"samples": ("dense", "item_id", "item_tags", "user_city", "user_segment")}
+    assert ADAPT.batch_groups == {"query": ("query_dense", "query_item_id"),
+                                  "support": ("support_item_id", "support_label")}
+    assert UNDECLARED.batch_groups == {} and not UNDECLARED.declared
+    assert batchable(PREDICT) and not batchable(ADAPT) and not batchable(UNDECLARED)
+    assert "2 batch groups (query, support)" in not_batchable(ADAPT)
+    assert "does not declare which inputs share" in not_batchable(UNDECLARED)
+    no_output_group = _sig("predict", list(PREDICT.inputs.values()))
+    assert "outputs follow" in not_batchable(no_output_group)
+
+
+def test_merge_pads_lists_with_the_declared_value():
+    a = {"item_id": np.array([1]), "item_tags": np.array([[4, 5, 6]])}
+    b = {"item_id": np.array([2, 3]), "item_tags": np.array([[7], [8]])}
+    merged = merge([a, b], PREDICT)
+    np.testing.assert_array_equal(merged["item_tags"], [[4, 5, 6], [7, -1, -1], [8, -1, -1]])
+    np.testing.assert_array_equal(merged["item_id"], [1, 2, 3])
+    with pytest.raises(ValueError):  # no declared pad: shapes must agree (the batcher then runs each alone)
+        merge([{"dense": np.zeros((1, 3))}, {"dense": np.zeros((1, 4))}], PREDICT)
 
 
 class _Recorder:
@@ -66,7 +85,7 @@ def _run(batcher, requests):
 def test_concurrent_requests_are_merged_and_split_back():
     model = _Recorder()
     requests = [_request(i) for i in range(12)]
-    answers = _run(MicroBatcher(model, BatchingConfig(max_batch_size=64, max_latency_ms=200)), requests)
+    answers = _run(MicroBatcher(model, BatchingConfig(max_batch_size=64, max_latency_ms=200), UNDECLARED), requests)
     for r, a in zip(requests, answers):
         np.testing.assert_array_equal(a["score"], 10 * r["user"] + r["item"])
     assert sum(model.calls) == sum(len(r["user"]) for r in requests)
@@ -76,7 +95,7 @@ def test_concurrent_requests_are_merged_and_split_back():
 def test_max_batch_size_bounds_each_call():
     model = _Recorder()
     requests = [_request(i) for i in range(12)]
-    _run(MicroBatcher(model, BatchingConfig(max_batch_size=4, max_latency_ms=200)), requests)
+    _run(MicroBatcher(model, BatchingConfig(max_batch_size=4, max_latency_ms=200), UNDECLARED), requests)
     # a call closes once it holds >= 4 rows; requests have at most 3 rows, so no call exceeds 4 + 2
     assert max(model.calls) <= 6 and len(model.calls) >= 24 // 6
 
@@ -85,7 +104,7 @@ def test_an_error_reaches_only_the_request_that_caused_it():
     model = _Recorder()
     requests = [_request(i) for i in range(6)]
     requests[3] = {"user": np.array([-1], dtype=np.int64), "item": np.array([0], dtype=np.int64)}
-    answers = _run(MicroBatcher(model, BatchingConfig(max_batch_size=64, max_latency_ms=200)), requests)
+    answers = _run(MicroBatcher(model, BatchingConfig(max_batch_size=64, max_latency_ms=200), UNDECLARED), requests)
     assert isinstance(answers[3], ValueError)
     for i, (r, a) in enumerate(zip(requests, answers)):
         if i != 3:

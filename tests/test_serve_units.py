@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -67,3 +68,75 @@ def test_string_inputs_v1_and_v2(string_model):
 
     with pytest.raises(InvalidInput, match="input 'key' must be string, got integers"):
         asyncio.run(model.predict({"inputs": {"key": [1, 2]}}))
+
+
+# ------------------------------------------------------------------------ value checks (no TensorFlow)
+
+def _info(name, shape, dtype=np.int64, group=None):
+    from gmeta_tf.serve.signatures import TensorInfo
+
+    return TensorInfo(name=name, dtype=np.dtype(dtype), shape=shape, group=group)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("value, named", [
+    ([1, 2**63, 3], "row 1: 9.223372036854776e+18 is outside the int64 range"),  # numpy made floats of the list
+    ([2**64 + 5], "row 0: 1.8446744073709552e+19 is outside"),  # what orjson makes of it
+    ([[1, 2], [3, -2**63 - 1]], "row 1: "),
+])
+def test_ids_out_of_range_are_named_with_their_row(value, named):
+    import orjson
+
+    from gmeta_tf.serve.tensors import BadRequest, as_array, fit
+
+    parsed = orjson.loads(json.dumps(value))  # as KServe's v1 endpoint reads the body
+    info = _info("item_id", (None,) if np.ndim(value) == 1 else (None, None))
+    with pytest.raises(BadRequest, match="outside the int64 range") as e:
+        fit("item_id", as_array("item_id", parsed), info)
+    assert named in str(e.value) and "'item_id'" in str(e.value)
+    with pytest.raises(BadRequest, match="must be int64, got floats"):  # a real float is still a float
+        fit("item_id", as_array("item_id", [1.5, 2.0]), _info("item_id", (None,)))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("value, row", [([[1.0, 2.0], [1e39, 0.0]], 1), ([[float("nan"), 0.0]], 0),
+                                        ([[0.0, 0.0], [0.0, 0.0], [0.0, -float("inf")]], 2)])
+def test_non_finite_floats_are_named_with_their_row(value, row):
+    from gmeta_tf.serve.tensors import BadRequest, fit
+
+    with pytest.raises(BadRequest, match=rf"input 'dense' row {row}: .* is not a finite float32"):
+        fit("dense", np.asarray(value), _info("dense", (None, 2), np.float32))
+
+
+@pytest.mark.fast
+def test_labels_and_empty_groups():
+    from gmeta_tf.serve.signatures import LabelRule, Signature
+    from gmeta_tf.serve.tensors import BadRequest, check_request, fit
+
+    inputs = {"support_x": _info("support_x", (None,), group="support"),
+              "support_label": _info("support_label", (None,), np.float32, group="support"),
+              "query_x": _info("query_x", (None,), group="query")}
+    sig = Signature("adapt", inputs, {"score": _info("score", (None,), np.float32)}, output_group="query",
+                    labels={"support_label": LabelRule("rating", low=1.0, high=5.0)})
+    ok = {"support_x": np.array([1, 2]), "support_label": np.array([1.0, 5.0], np.float32), "query_x": np.array([3])}
+    check_request(sig, ok)
+    with pytest.raises(BadRequest, match=r"'support_label' row 1: 6 .*trained on labels in \[1, 5\]"):
+        check_request(sig, {**ok, "support_label": np.array([1.0, 6.0], np.float32)})
+    empty_support = {"support_x": fit("support_x", np.asarray([]), inputs["support_x"]),
+                     "support_label": np.zeros(0, np.float32), "query_x": np.array([3])}
+    check_request(sig, empty_support)  # no support samples: scores as predict
+    with pytest.raises(BadRequest, match="'query_x' has an empty batch"):
+        check_request(sig, {**ok, "query_x": np.zeros(0, np.int64)})
+    with pytest.raises(BadRequest, match=r"mismatched batch sizes, the 'support' inputs"):
+        check_request(sig, {**ok, "support_x": np.array([1])})
+    assert fit("m", np.asarray([]), _info("m", (None, None))).shape == (0, 0)  # `[]` for a matrix: no rows
+
+
+@pytest.mark.fast
+def test_tf_error_cause_drops_where_and_keeps_why():
+    from gmeta_tf.serve.model import tf_error_cause
+
+    message = ("Graph execution error:\n\nDetected at node inner_loop/MatrixSolve defined at (most recent call last):\n"
+               "<stack traces unavailable>\nInput matrix is not invertible.\n"
+               "\t [[{{node inner_loop/MatrixSolve}}]] [Op:__inference_signature_wrapper_5063]")
+    assert tf_error_cause(message) == "Input matrix is not invertible."

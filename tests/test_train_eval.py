@@ -101,3 +101,32 @@ def test_cli_errors_are_one_clear_line(tmp_path):
     assert r.exit_code == 2 and "model.embedding_dim" in r.output
     r = runner.invoke(cli, ["eval", "--run", str(tmp_path)])
     assert r.exit_code == 2 and "not a run directory" in r.output
+
+
+@pytest.mark.integration  # evaluates a trained run on re-prepared data
+def test_eval_on_data_with_a_renamed_column_names_the_column(exported_model, tmp_path):
+    """Case 10: the data fingerprint is checked before the checkpoint is restored, so eval names
+    the renamed column as warm start and resume do (it said the dense weights did not match)."""
+    import pyarrow.parquet as pq
+
+    from gmeta_tf.config.schema import PrepareConfig
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    run = exported_model("click_top_sgd")[0]
+    raw = tmp_path / "raw"
+    synth(str(raw), tasks=60, seed=3, kind="click")
+    for f in raw.glob("*.parquet"):
+        table = pq.read_table(f)
+        pq.write_table(table.rename_columns(["item_kind" if c == "item_category" else c for c in table.column_names]), f)
+    columns = json.loads((raw / "columns.json").read_text())
+    columns["categorical"] = ["item_kind" if c == "item_category" else c for c in columns["categorical"]]
+    columns["id_space"]["item_kind"] = columns["id_space"].pop("item_category")
+    (raw / "columns.json").write_text(json.dumps(columns))
+    prepare([str(raw)], str(tmp_path / "prepared"),
+            PrepareConfig(query=6, max_support=12, min_task_size=10, test_frac=0.3, valid_frac=0.1, shards=1))
+    r = CliRunner().invoke(cli, ["eval", "--run", str(run), "--set", f"data.path={tmp_path / 'prepared'}"])
+    assert r.exit_code == 2, r.output
+    assert "cannot evaluate" in r.output and "item_category" in r.output and "item_kind" in r.output, r.output
+    assert "dense weights" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (run / "eval.json").exists()

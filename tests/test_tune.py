@@ -6,6 +6,7 @@ and trials that report bad values while running must be pruned (and good ones no
 """
 import json
 import math
+from pathlib import Path
 
 import optuna
 import pytest
@@ -173,18 +174,45 @@ space:
 """
 
 
-def _tune(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
+def _tune_args(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
     space_file = tmp_path / "space.yaml"
     space_file.write_text(space)
     args = ["tune", "--config", "configs/quickstart.yaml", "--data", str(tiny_data), "--space", str(space_file),
             "--trials", str(trials), "--out", str(out), "--seed", "1"]
     for item in sets:
         args += ["--set", item]
-    return CliRunner().invoke(cli, args)
+    return args
+
+
+def _tune(tiny_data, tmp_path, out, trials, space=SPACE, sets=TINY_RUN):
+    return CliRunner().invoke(cli, _tune_args(tiny_data, tmp_path, out, trials, space, sets))
+
+
+def _kill_during_trial(args, trial_dir, log_path) -> None:
+    """Run ``gmeta <args>`` in a real process and kill it (-9) once ``trial_dir`` appears."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gmeta_tf.cli.main", *args], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not trial_dir.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert trial_dir.exists(), Path(log_path).read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        log.close()
 
 
 @pytest.mark.integration
-def test_cli_tune_writes_best_config_and_resumes(tiny_data, tmp_path):
+def test_cli_tune_writes_best_config_and_resumes_after_a_kill(tiny_data, tmp_path):
     out = tmp_path / "tune"
     r = _tune(tiny_data, tmp_path, out, trials=2)
     assert r.exit_code == 0, r.output
@@ -208,12 +236,18 @@ def test_cli_tune_writes_best_config_and_resumes(tiny_data, tmp_path):
     assert best.model.interaction == "concat"  # from --config
     assert f"best: trial {winner['number']}" in r.output and "meta.inner_lr" in r.output
 
-    # the same OUT resumes the study: one more trial makes three
+    # the same OUT resumes the study, here after `gmeta tune --trials 3` was killed (-9) while
+    # trial 2 trained (case 9): trial 2 fails, trial 3 makes three finished, and no parameters
+    # are scored twice (trial 3 re-drew trial 0's: the sampler restarted from the same seed)
+    _kill_during_trial(_tune_args(tiny_data, tmp_path, out, 3), out / "trials" / "trial-002", tmp_path / "killed.log")
     r = _tune(tiny_data, tmp_path, out, trials=3)
     assert r.exit_code == 0, r.output
     again = json.loads((out / "trials.json").read_text())["trials"]
-    assert [t["number"] for t in again] == [0, 1, 2] and again[:2] == trials
-    assert "trial 0:" not in r.output and "trial 2:" in r.output
+    assert [(t["number"], t["state"]) for t in again] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "FAIL"),
+                                                           (3, "COMPLETE")] and again[:2] == trials
+    assert "trial 0:" not in r.output and "trial 3:" in r.output
+    scored = [tuple(sorted(t["params"].items())) for t in again if t["state"] == "COMPLETE"]
+    assert len(set(scored)) == len(scored), again
 
     # another search in the same OUT is refused, and nothing there changes
     before = (out / "trials.json").read_text(), (out / "best.yaml").read_text()

@@ -130,3 +130,29 @@ def test_mismatched_data_and_bad_sources_are_one_line_errors(days, yesterday, tm
     assert result.exit_code == 2
     assert "neither a run directory" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_run_that_trained_from_scratch_does_not_name_a_warm_start(days, yesterday, tmp_path):
+    """Case 8: `gmeta train --warm-start A` cut off before its first checkpoint, then re-run
+    without --warm-start, trains from scratch: neither train_summary.json nor warm_start.json
+    may name A as its origin (a real warm start still names it: the tests above). The cut-off is
+    an exception at the first validation (what a kill -9 leaves is the same: the warm start
+    recorded, no checkpoint; nothing on the exception's way out touches the run directory)."""
+    from gmeta_tf.train.trainer import train
+
+    class Killed(Exception):
+        pass
+
+    def die(step, metrics):
+        raise Killed(step)
+
+    run = tmp_path / "run"
+    with pytest.raises(Killed):
+        train(_cfg(days[1], "train.steps=100", "train.checkpoint_every=100"), run, warm_start=str(yesterday),
+              on_validation=die)
+    assert (run / "warm_start.json").exists() and not list(run.glob("checkpoints/ckpt-*"))
+
+    scratch = train(_cfg(days[1], "train.steps=10"), run)
+    assert scratch["start_step"] == 0 and scratch["warm_start"] is None
+    assert not (run / "warm_start.json").exists()
+    assert json.loads((run / "train_summary.json").read_text())["warm_start"] is None

@@ -65,8 +65,11 @@ def dense_stats(names: List[str], train_dense: np.ndarray) -> List[Dict]:
 
 
 def label_stats(train_labels: np.ndarray) -> Dict:
+    """Mean and std standardise rating labels; min and max are the labels a model was trained
+    on, which an export refuses to adapt to outside of (``export/manifest.py``)."""
     y = train_labels.astype(np.float64)
-    return {"mean": float(y.mean()) if y.size else 0.0, "std": _safe_std(y)}
+    return {"mean": float(y.mean()) if y.size else 0.0, "std": _safe_std(y),
+            "min": float(y.min()) if y.size else 0.0, "max": float(y.max()) if y.size else 0.0}
 
 
 def access_stats(ids: np.ndarray, n_samples: int) -> Dict:

@@ -54,7 +54,7 @@ a reader of version 1 reads such a dataset correctly, and a dataset without the 
      "categorical": [{"name", "cardinality", "hashed", "pooling": 1.0}],
      "multi_hot":   [{"name", "cardinality", "hashed", "pooling": <mean ids/sample>, "max_len"}],
      "dense":       [{"name", "mean", "std"}],            # statistics of the train split
-     "label_stats": {"mean", "std"},
+     "label_stats": {"mean", "std", "min", "max"},        # min/max: absent in data prepared before them
      "table_stats": {<table>: {"rows", "pooling", "lookups", "skew": [17 shares]}},  # train split,
                                                            # for ``gmeta plan`` (optional)
      "support_query": {"query", "max_support", "split_by"},

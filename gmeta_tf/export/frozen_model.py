@@ -38,6 +38,7 @@ class FrozenModel(tf.Module, TowerModel):
         self.dense_mean = tf.constant(layout.dense_mean)
         self.dense_inv_std = tf.constant(layout.dense_inv_std)
         self.label_mean, self.label_std = label_scaling(schema)
+        self.label_stats = dict(schema.get("label_stats") or {})  # its min/max: the labels trained on
         self.tables: List[StaticTable] = []
         for name in self.cat_names + self.multi_names:
             ids, rows = read_table(ckpt_dir, name)

@@ -1,7 +1,8 @@
 """``assets.extra/export.json``: what a client of the SavedModel needs to know, in one file.
 
-The signatures' inputs and outputs (names, dtypes, shapes, the feature each input carries and
-whether its ids are hashed strings), the policy for unknown and rare ids, the dense features
+The signatures' inputs and outputs (names, dtypes, shapes, the feature each input carries,
+whether its ids are hashed strings, its batch group and pad value), the labels the model takes,
+the policy for unknown and rare ids, the dense features
 the graph computes itself (target encoding), the adaptation the
 ``adapt_and_predict`` signature runs, and where the model came from (run, checkpoint, data
 fingerprint). A server can read it instead of parsing the SavedModel's protobuf.
@@ -15,7 +16,7 @@ from gmeta_tf.config.schema import Config
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.evaluation.evaluate import adaptation
 from gmeta_tf.export.frozen_model import FrozenModel
-from gmeta_tf.export.signatures import Input
+from gmeta_tf.export.signatures import OUTPUT_GROUPS, Input, label_rule
 from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, SUPPORT_HALF_LIFE
 
 FORMAT = 1
@@ -40,11 +41,14 @@ def export_manifest(model: FrozenModel, cfg: Config, schema: dict, inputs: Dict[
             if x.role == "dense":  # the input's own columns; the graph computes the rest
                 d["features"] = list(model.inputs.input_dense)
             described.append(d)
-        signatures[sig] = {"inputs": described, "outputs": OUTPUTS[sig]}
+        # output_batch_group: the batch group the outputs have one row per sample of.
+        signatures[sig] = {"inputs": described, "outputs": OUTPUTS[sig], "output_batch_group": OUTPUT_GROUPS[sig]}
     signatures["serving_default"] = {"same_as": "predict"}
     return {
         "format": FORMAT,
-        "label": {"kind": model.kind, "name": schema["label"]["name"]},
+        # The support labels adapt_and_predict takes: {"values": [0, 1]} for clicks, the train
+        # split's {"min", "max"} for ratings (gmeta serve and the graph refuse others).
+        "label": {"kind": model.kind, "name": schema["label"]["name"], **label_rule(model)},
         "signatures": signatures,
         "ids": {
             "dtype": "int64",

@@ -17,6 +17,17 @@ features ``[N, n_input_dense]`` in ``schema.json`` order, as the input data has 
 then does what Meta-IO does (``input_transforms``): rare ids → ``RARE_ID``
 (``data.min_id_count``), target-encoding features computed from the real ids and appended, and
 every dense feature standardised with the train split's statistics.
+
+Which inputs share a first dimension is declared, not guessed: each ``Input`` names its batch
+group (``samples`` for ``predict``; ``support`` and ``query`` for ``adapt_and_predict``), which
+``export.json`` records and ``gmeta serve`` reads to parse rows and to merge requests. A
+TensorSpec only says the first dimension is free, and input names are the data's feature names
+(``user_city`` and ``item_id`` are one sample's features, not two groups).
+
+``adapt_and_predict`` refuses a support set it cannot have been trained on, in the graph: labels
+other than 0/1 for clicks or outside the train split's range for ratings (``label_rule``), and
+NaN or infinite support values, which would otherwise turn every query score into NaN (query
+and ``predict`` rows score alone: a NaN there gives that row a NaN score).
 """
 from __future__ import annotations
 
@@ -27,12 +38,14 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from gmeta_tf.config.schema import Config
+from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 from gmeta_tf.evaluation.evaluate import adaptation, query_predictions
 from gmeta_tf.export.frozen_model import FrozenModel
 
 DENSE = "dense"
 LABEL = "label"
+SAMPLES, SUPPORT, QUERY = "samples", "support", "query"  # batch groups
 
 
 @dataclass(frozen=True)
@@ -42,13 +55,27 @@ class Input:
     role: str  # categorical | multi_hot | dense | label
     dtype: tf.DType
     shape: Tuple[Optional[int], ...]
+    group: str  # the batch group: inputs of one group share their first dimension
 
     def spec(self) -> tf.TensorSpec:
         return tf.TensorSpec(self.shape, self.dtype, name=self.name)
 
     def describe(self) -> dict:
-        return {"name": self.name, "feature": self.feature, "role": self.role,
-                "dtype": self.dtype.name, "shape": [-1 if d is None else d for d in self.shape]}
+        d = {"name": self.name, "feature": self.feature, "role": self.role, "dtype": self.dtype.name,
+             "shape": [-1 if d is None else d for d in self.shape], "batch_group": self.group}
+        if self.role == "multi_hot":  # what pads a row's list: requests merged in a batch are padded with it
+            d["pad"] = fmt.PAD_ID
+        return d
+
+
+def label_rule(model: FrozenModel) -> dict:
+    """The support labels the model was trained on: 0 and 1 for clicks; the train split's range
+    for ratings (``schema.json``'s ``label_stats``; data prepared before it recorded min and max
+    gives no range)."""
+    if model.kind == "click":
+        return {"values": [0.0, 1.0]}
+    stats = model.label_stats
+    return {"min": float(stats["min"]), "max": float(stats["max"])} if "min" in stats and "max" in stats else {}
 
 
 def sanitize(feature: str) -> str:
@@ -61,10 +88,11 @@ def sample_inputs(model: FrozenModel, prefix: str = "") -> List[Input]:
     """One set of samples' inputs: ids per categorical ``[N]`` and multi-hot ``[N, L]`` feature,
     then ``dense`` ``[N, n_input_dense]`` when the input data has dense features (the ones the
     graph computes, ``model.inputs.computed_dense``, are not sent)."""
-    out = [Input(prefix + sanitize(n), n, "categorical", tf.int64, (None,)) for n in model.cat_names]
-    out += [Input(prefix + sanitize(n), n, "multi_hot", tf.int64, (None, None)) for n in model.multi_names]
+    group = prefix.rstrip("_") or SAMPLES
+    out = [Input(prefix + sanitize(n), n, "categorical", tf.int64, (None,), group) for n in model.cat_names]
+    out += [Input(prefix + sanitize(n), n, "multi_hot", tf.int64, (None, None), group) for n in model.multi_names]
     if model.n_input_dense:
-        out.append(Input(prefix + DENSE, DENSE, "dense", tf.float32, (None, model.n_input_dense)))
+        out.append(Input(prefix + DENSE, DENSE, "dense", tf.float32, (None, model.n_input_dense), group))
     seen: Dict[str, str] = {}
     for x in out:
         if x.name in seen:
@@ -77,10 +105,33 @@ def sample_inputs(model: FrozenModel, prefix: str = "") -> List[Input]:
 def signature_inputs(model: FrozenModel) -> Dict[str, List[Input]]:
     return {
         "predict": sample_inputs(model),
-        "adapt_and_predict": [*sample_inputs(model, "support_"),
-                              Input("support_label", LABEL, "label", tf.float32, (None,)),
-                              *sample_inputs(model, "query_")],
+        "adapt_and_predict": [*sample_inputs(model, SUPPORT + "_"),
+                              Input(SUPPORT + "_label", LABEL, "label", tf.float32, (None,), SUPPORT),
+                              *sample_inputs(model, QUERY + "_")],
     }
+
+
+# The batch group each signature's outputs follow (one score per sample of it).
+OUTPUT_GROUPS = {"predict": SAMPLES, "adapt_and_predict": QUERY}
+
+
+def _support_checks(model: FrozenModel, dense: Optional[tf.Tensor], labels: tf.Tensor) -> list:
+    """The support set's labels within ``label_rule`` and its values finite (see the module doc)."""
+    rule = label_rule(model)
+    checks = [tf.debugging.assert_all_finite(labels, "input 'support_label' holds NaN or Inf")]
+    if dense is not None:
+        checks.append(tf.debugging.assert_all_finite(
+            dense, f"input '{SUPPORT}_{DENSE}' holds NaN or Inf: it would make every query score NaN"))
+    if "values" in rule:
+        ok = tf.reduce_all(tf.reduce_any(labels[:, None] == tf.constant(rule["values"]), axis=1))
+        allowed = " or ".join(f"{v:g}" for v in rule["values"])
+        checks.append(tf.debugging.Assert(ok, [f"support_label: a {model.kind} model takes {allowed} (the labels "
+                                               f"it was trained on), got", labels]))
+    elif rule:
+        ok = tf.reduce_all((labels >= rule["min"]) & (labels <= rule["max"]))
+        checks.append(tf.debugging.Assert(ok, [f"support_label: this {model.kind} model was trained on labels in "
+                                               f"[{rule['min']:g}, {rule['max']:g}], got", labels]))
+    return checks
 
 
 def _samples(model: FrozenModel, inputs: List[Input], feed: Dict[str, tf.Tensor],
@@ -95,6 +146,8 @@ def _samples(model: FrozenModel, inputs: List[Input], feed: Dict[str, tf.Tensor]
     if labels is not None:
         checks.append(tf.debugging.assert_equal(tf.shape(labels)[0], n, message=(
             f"'support_label' must have one label per support sample (as many as {first.name!r})")))
+        dense = next((feed[x.name] for x in inputs if x.role == DENSE), None)
+        checks += _support_checks(model, dense, labels)
     with tf.control_dependencies(checks):
         n = tf.identity(n)
     by_feature = {x.feature: feed[x.name] for x in inputs}

@@ -10,6 +10,10 @@ requests wait (later ones wait to enqueue: back-pressure, not unbounded memory) 
 ``max_inflight`` merged calls run at once. Inputs are validated before they are queued, so one
 request's error cannot fail its batch-mates; if a merged call fails anyway, each request of the
 batch is retried alone so the error reaches only the request that caused it.
+
+Which signatures can be merged, and how lists of different lengths are padded, is what the
+export declares (``signatures.py``); ``not_batchable`` says why one cannot, and the server logs
+it at start-up.
 """
 from __future__ import annotations
 
@@ -36,12 +40,44 @@ class BatchingConfig:
         return self.max_batch_size > 0
 
 
+def not_batchable(sig: Signature) -> Optional[str]:
+    """Why requests to ``sig`` cannot be merged (rows concatenated, outputs split back), or None
+    when they can: the export must declare one batch group holding every input, and the outputs
+    as following it. (``adapt_and_predict`` cannot: its support set belongs to one request.)"""
+    if not sig.declared:
+        return "the SavedModel does not declare which inputs share a batch dimension (no assets.extra/export.json entry)"
+    groups = sig.batch_groups
+    if len(groups) != 1:
+        return f"its inputs form {len(groups)} batch groups ({', '.join(sorted(groups))}): a request's groups belong together"
+    (group, names), = groups.items()
+    if len(names) != len(sig.inputs):
+        return f"some inputs are outside its batch group {group!r}"
+    if sig.output_group != group:
+        return f"its export does not declare that the outputs follow its batch group {group!r}"
+    if not all(o.batched for o in sig.outputs.values()):
+        return "some outputs have no batch dimension"
+    return None
+
+
 def batchable(sig: Signature) -> bool:
-    """One batch group covering every input, and every output batch-major: rows can be
-    concatenated and split. (``adapt_and_predict`` is not: its support set belongs to one request.)"""
-    if len(sig.batch_groups) != 1 or sum(len(v) for v in sig.batch_groups.values()) != len(sig.inputs):
-        return False
-    return all(o.shape is not None and o.shape and o.shape[0] is None for o in sig.outputs.values())
+    return not_batchable(sig) is None
+
+
+def merge(items: List[Arrays], sig: Signature) -> Arrays:
+    """Requests' inputs concatenated along the batch dimension. Lists of different lengths (a
+    multi-hot input's second dimension) are padded to the longest with the value the export
+    declares for that input; an input without one must have equal shapes (else ``ValueError``,
+    and the batcher runs each request alone)."""
+    merged = {}
+    for name in items[0]:
+        parts = [it[name] for it in items]
+        widest = tuple(max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim))
+        pad = sig.inputs[name].pad if name in sig.inputs else None
+        if pad is not None and any(p.shape[1:] != widest for p in parts):
+            parts = [np.pad(p, [(0, 0)] + [(0, w - d) for w, d in zip(widest, p.shape[1:])], constant_values=pad)
+                     for p in parts]
+        merged[name] = np.concatenate(parts)
+    return merged
 
 
 @dataclass
@@ -52,9 +88,10 @@ class _Item:
 
 
 class MicroBatcher:
-    def __init__(self, run: Callable[[Arrays], Arrays], config: BatchingConfig):
+    def __init__(self, run: Callable[[Arrays], Arrays], config: BatchingConfig, sig: Signature):
         self._run = run
         self._config = config
+        self._sig = sig
         self._queue: Optional[asyncio.Queue] = None
         self._worker: Optional[asyncio.Task] = None
         self._inflight: Optional[asyncio.Semaphore] = None
@@ -104,8 +141,8 @@ class MicroBatcher:
             if len(items) == 1:
                 await self._settle(items[0], loop)
                 return
-            merged = {k: np.concatenate([it.arrays[k] for it in items]) for k in items[0].arrays}
             try:
+                merged = merge([it.arrays for it in items], self._sig)
                 out = await loop.run_in_executor(None, self._run, merged)
             except Exception:
                 for it in items:

@@ -13,7 +13,7 @@ _argv, sys.argv = sys.argv, sys.argv[:1]
 try:
     from kserve import Model, ModelServer  # noqa: E402
     from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING  # noqa: E402
-    from kserve.errors import InvalidInput  # noqa: E402
+    from kserve.errors import InvalidInput, ModelNotFound  # noqa: E402
     from kserve.model_server import app  # noqa: E402
     from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse  # noqa: E402
     from kserve.protocol.rest.server import RESTServer  # noqa: E402
@@ -22,4 +22,4 @@ finally:
     sys.argv = _argv
 
 __all__ = ["FASTAPI_APP_IMPORT_STRING", "InferOutput", "InferRequest", "InferResponse", "InvalidInput", "Model",
-           "ModelServer", "RESTServer", "app", "from_np_dtype", "to_np_dtype"]
+           "ModelNotFound", "ModelServer", "RESTServer", "app", "from_np_dtype", "to_np_dtype"]

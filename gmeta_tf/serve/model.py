@@ -8,15 +8,37 @@ never blocks health checks or other requests; TensorFlow releases the GIL while 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from typing import Any, Dict, List, Optional
 
 import numpy as np
+from prometheus_client import Counter
 
 from gmeta_tf.serve import v1_format, v2_format
-from gmeta_tf.serve.batcher import BatchingConfig, MicroBatcher, batchable
+from gmeta_tf.serve.access_log import SERVE_LOGGER
+from gmeta_tf.serve.batcher import BatchingConfig, MicroBatcher, not_batchable
 from gmeta_tf.serve.kserve_lib import InferRequest, InvalidInput, Model, from_np_dtype
 from gmeta_tf.serve.signatures import DEFAULT_SIGNATURE, Signature, load_saved_model
 from gmeta_tf.serve.tensors import BadRequest
+
+log = logging.getLogger(SERVE_LOGGER)
+
+# On KServe's /metrics: rows / calls is the batcher's mean merged batch size per signature.
+MODEL_CALLS = Counter("gmeta_serve_model_calls", "calls of a signature's function (merged calls count once)",
+                      ["model_name", "signature"])
+MODEL_ROWS = Counter("gmeta_serve_model_rows", "rows (first-dimension samples of the outputs) scored by those calls",
+                     ["model_name", "signature"])
+
+_TF_NOISE = re.compile(r"^(Graph execution error:|Detected at node|<stack traces unavailable>|\s|\[\[|$)")
+
+
+def tf_error_cause(message: str) -> str:
+    """The cause in a TensorFlow error message: "Graph execution error:" and the node and stack
+    lines around it say where, not why (the assertion's or kernel's own text)."""
+    lines = [ln.strip() for ln in message.splitlines() if not _TF_NOISE.match(ln)]
+    cause = " ".join(lines) or message.strip().splitlines()[0]
+    return re.sub(r"\s*\[\[\{\{node .*", "", cause).strip()
 
 
 class SavedModelServer(Model):
@@ -34,10 +56,23 @@ class SavedModelServer(Model):
         self._loaded, self.signatures = load_saved_model(self.model_dir)
         self._runners = {name: self._runner(sig) for name, sig in self.signatures.items()}
         if self.batching.enabled:
-            self._batchers = {name: MicroBatcher(self._runners[name], self.batching)
-                              for name, sig in self.signatures.items() if batchable(sig)}
+            self._plan_batching()
         self.ready = True
         return self.ready
+
+    def _plan_batching(self) -> None:
+        """A batcher per signature that can be merged; every other one is named with why."""
+        cfg = self.batching
+        for name, sig in sorted(self.signatures.items()):
+            reason = not_batchable(sig)
+            if reason is None:
+                self._batchers[name] = MicroBatcher(self._runners[name], cfg, sig)
+            else:
+                log.warning("signature %r is not micro-batched (--max-batch-size %d): %s; each request runs alone",
+                            name, cfg.max_batch_size, reason)
+        if self._batchers:
+            log.info("micro-batching %s: up to %d rows per call, waiting at most %g ms for batch-mates",
+                     ", ".join(sorted(self._batchers)), cfg.max_batch_size, cfg.max_latency_ms)
 
     def start(self) -> None:
         """KServe's default marks the model ready here; readiness comes from ``load`` alone."""
@@ -46,6 +81,7 @@ class SavedModelServer(Model):
         import tensorflow as tf
 
         fn = self._loaded.signatures[sig.name]
+        calls, rows = (c.labels(model_name=self.name, signature=sig.name) for c in (MODEL_CALLS, MODEL_ROWS))
 
         def run(arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
             try:
@@ -53,8 +89,11 @@ class SavedModelServer(Model):
             except tf.errors.InvalidArgumentError as e:
                 sizes = ", ".join(f"{k}{list(v.shape)}" for k, v in sorted(arrays.items()))
                 raise BadRequest(f"signature {sig.name!r} rejected the inputs ({sizes}): "
-                                 f"{e.message.strip().splitlines()[0]}") from None
-            return {k: v.numpy() for k, v in out.items()}
+                                 f"{tf_error_cause(e.message)}") from None
+            out = {k: v.numpy() for k, v in out.items()}
+            calls.inc()
+            rows.inc(len(next(iter(out.values()))) if out and next(iter(out.values())).ndim else 0)
+            return out
 
         return run
 

@@ -1,12 +1,27 @@
 """A SavedModel's signatures as plain specs: what a request must carry, read from the model.
 
-Nothing about the gmeta export is hard-coded: input names, dtypes and shapes come from each
-signature's ``TensorSpec``s, so any SavedModel with signatures can be served.
+Input names, dtypes and shapes come from each signature's ``TensorSpec``s, so any SavedModel
+with signatures can be served. What a TensorSpec cannot say comes from what the export declares
+in ``assets.extra/export.json`` (``gmeta export`` writes it; ``export/manifest.py``):
+
+* which inputs share a first (batch) dimension: each input's ``batch_group``, and the group the
+  outputs follow (``output_batch_group``). A spec's leading ``None`` says only that the size is
+  free; TensorFlow would broadcast a batch of 1 against N without complaint, and input names
+  are the data's feature names (``user_city`` and ``item_id`` belong to one sample), so the
+  server takes the groups from the declaration, never from names;
+* the value that pads a row's list (``pad``; multi-hot ids pad with -1), so requests with
+  lists of different lengths can be merged into one call;
+* the labels a label input may take (``label``: 0/1 for a click model, the training range for
+  a rating model).
+
+A SavedModel without that file (any stock one) is served with no batch groups: the row format
+still works (each row carries every input, as in TF Serving), the model itself judges batch
+sizes, and no signature is micro-batched (``batcher.not_batchable`` says why at start-up).
 """
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -15,6 +30,7 @@ import numpy as np
 from gmeta_tf.errors import UserError
 
 DEFAULT_SIGNATURE = "serving_default"
+EXPORT_MANIFEST = Path("assets.extra") / "export.json"
 
 
 class ModelDirError(UserError):
@@ -26,6 +42,8 @@ class TensorInfo:
     name: str
     dtype: np.dtype  # numpy dtype of the TensorSpec (object for tf.string)
     shape: Optional[Tuple[Optional[int], ...]]  # None: unknown rank; None entries: any size
+    group: Optional[str] = None  # declared batch group; None: not declared
+    pad: Any = None  # declared value that pads the free dims after the first; None: not declared
 
     def shape_text(self) -> str:
         if self.shape is None:
@@ -35,44 +53,120 @@ class TensorInfo:
     def dtype_text(self) -> str:
         return "string" if self.dtype == np.object_ else self.dtype.name
 
+    @property
+    def batched(self) -> bool:
+        return self.shape is not None and len(self.shape) > 0 and self.shape[0] is None
+
+
+@dataclass(frozen=True)
+class LabelRule:
+    """The labels a model was trained on: a set of ``values`` (clicks) or a ``[low, high]`` range."""
+
+    kind: str
+    values: Optional[Tuple[float, ...]] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+
+    def allows(self, labels: np.ndarray) -> np.ndarray:
+        if self.values is not None:
+            return np.isin(labels, self.values)
+        ok = np.ones(labels.shape, bool)
+        if self.low is not None:
+            ok &= labels >= self.low
+        if self.high is not None:
+            ok &= labels <= self.high
+        return ok
+
+    def text(self) -> str:
+        if self.values is not None:
+            return f"a {self.kind} model takes {' or '.join(f'{v:g}' for v in self.values)}"
+        return f"this {self.kind} model was trained on labels in [{self.low:g}, {self.high:g}]"
+
 
 @dataclass(frozen=True)
 class Signature:
     name: str
     inputs: Dict[str, TensorInfo]
     outputs: Dict[str, TensorInfo]
-    # Inputs that must share one leading (batch) size, keyed by group ("" for the ungrouped).
-    batch_groups: Dict[str, Tuple[str, ...]]
+    output_group: Optional[str] = None  # the batch group the outputs follow, when declared
+    labels: Dict[str, LabelRule] = field(default_factory=dict)  # label inputs and what they may hold
+
+    @property
+    def declared(self) -> bool:
+        """The export declares this signature's batch groups."""
+        return any(t.group is not None for t in self.inputs.values())
+
+    @property
+    def batch_groups(self) -> Dict[str, Tuple[str, ...]]:
+        """Inputs that must share one leading (batch) size, by declared group; {} when undeclared."""
+        groups: Dict[str, list] = {}
+        for name, t in sorted(self.inputs.items()):
+            if t.group is not None and t.batched:
+                groups.setdefault(t.group, []).append(name)
+        return {g: tuple(names) for g, names in groups.items()}
 
 
-def batch_groups(inputs: Dict[str, TensorInfo]) -> Dict[str, Tuple[str, ...]]:
-    """Which inputs share a batch size, from their names: ``<group>_<field>`` when two or more
-    inputs share ``<group>`` (``support_*``, ``query_*``), all other batched inputs together.
-
-    A signature's TensorSpecs say only that the leading dim is free, not which inputs must agree;
-    TensorFlow would broadcast a batch of 1 against a batch of N without complaint, so the server
-    checks this itself, naming the inputs, before calling the model.
-    """
-    batched = [n for n, t in sorted(inputs.items()) if t.shape is not None and t.shape and t.shape[0] is None]
-    prefix = Counter(n.split("_", 1)[0] for n in batched if "_" in n)
-    groups: Dict[str, list] = {}
-    for n in batched:
-        head = n.split("_", 1)[0] if "_" in n else ""
-        groups.setdefault(head if prefix.get(head, 0) >= 2 else "", []).append(n)
-    return {g: tuple(names) for g, names in groups.items()}
-
-
-def _info(name: str, spec: Any) -> TensorInfo:
+def _info(name: str, spec: Any, declared: Optional[dict] = None) -> TensorInfo:
     shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
-    return TensorInfo(name=name, dtype=np.dtype(spec.dtype.as_numpy_dtype), shape=shape)
+    declared = declared or {}
+    return TensorInfo(name=name, dtype=np.dtype(spec.dtype.as_numpy_dtype), shape=shape,
+                      group=declared.get("batch_group"), pad=declared.get("pad"))
 
 
-def describe(name: str, fn: Any) -> Signature:
-    """The specs of one concrete signature function of a loaded SavedModel."""
+def _label_rule(label: dict) -> Optional[LabelRule]:
+    if "values" in label:
+        return LabelRule(str(label.get("kind")), values=tuple(float(v) for v in label["values"]))
+    if "min" in label or "max" in label:
+        return LabelRule(str(label.get("kind")), low=label.get("min"), high=label.get("max"))
+    return None
+
+
+def describe(name: str, fn: Any, manifest: Optional[dict] = None) -> Signature:
+    """The specs of one concrete signature function of a loaded SavedModel, with what
+    ``manifest`` (the export's ``export.json``, if any) declares about it."""
     _, kwargs = fn.structured_input_signature
-    inputs = {k: _info(k, spec) for k, spec in kwargs.items()}
+    declared = _declared(manifest, name)
+    by_name = {x["name"]: x for x in declared.get("inputs", [])}
+    inputs = {k: _info(k, spec, by_name.get(k)) for k, spec in kwargs.items()}
     outputs = {k: _info(k, spec) for k, spec in fn.structured_outputs.items()}
-    return Signature(name=name, inputs=inputs, outputs=outputs, batch_groups=batch_groups(inputs))
+    rule = _label_rule((manifest or {}).get("label") or {})
+    labels = {k: rule for k in inputs if rule is not None and by_name.get(k, {}).get("role") == "label"}
+    return Signature(name=name, inputs=inputs, outputs=outputs, output_group=declared.get("output_batch_group"),
+                     labels=labels)
+
+
+def _declared(manifest: Optional[dict], name: str) -> dict:
+    """``manifest``'s entry for signature ``name``, following ``same_as``; {} when none."""
+    sigs = (manifest or {}).get("signatures") or {}
+    entry = sigs.get(name) or {}
+    seen = {name}
+    while "same_as" in entry and entry["same_as"] not in seen:
+        seen.add(entry["same_as"])
+        entry = sigs.get(entry["same_as"]) or {}
+    return entry
+
+
+def read_manifest(model_dir: Path) -> Optional[dict]:
+    """The export's ``assets.extra/export.json``, or None for a SavedModel without one."""
+    path = model_dir / EXPORT_MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelDirError(f"--model {model_dir}: {path} cannot be read as JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise ModelDirError(f"--model {model_dir}: {path} must hold a JSON object")
+    return manifest
+
+
+def _check_declared(model_dir: Path, sig: Signature, manifest: dict) -> None:
+    """An export.json that names inputs the signature lacks belongs to another model."""
+    names = {x.get("name") for x in _declared(manifest, sig.name).get("inputs", [])}
+    if names and names != set(sig.inputs):
+        extra = sorted(n for n in names ^ set(sig.inputs) if n is not None)
+        raise ModelDirError(f"--model {model_dir}: {EXPORT_MANIFEST} does not describe signature {sig.name!r} "
+                            f"of this SavedModel (inputs differ: {', '.join(extra)}); was it copied from another export?")
 
 
 def load_saved_model(model_dir: str) -> Tuple[Any, Dict[str, Signature]]:
@@ -84,12 +178,16 @@ def load_saved_model(model_dir: str) -> Tuple[Any, Dict[str, Signature]]:
         raise ModelDirError(f"--model {model_dir}: no such directory (expected a SavedModel, e.g. from gmeta export)")
     if not tf.saved_model.contains_saved_model(str(path)):
         raise ModelDirError(f"--model {model_dir} is not a SavedModel (no saved_model.pb or saved_model.pbtxt)")
+    manifest = read_manifest(path)
     try:
         loaded = tf.saved_model.load(str(path))
     except (tf.errors.OpError, ValueError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelDirError(f"--model {model_dir}: the SavedModel does not load: {first}") from None
-    signatures = {name: describe(name, fn) for name, fn in loaded.signatures.items()}
+    signatures = {name: describe(name, fn, manifest) for name, fn in loaded.signatures.items()}
     if not signatures:
         raise ModelDirError(f"--model {model_dir}: the SavedModel has no signatures to serve")
+    for sig in signatures.values():
+        if manifest is not None:
+            _check_declared(path, sig, manifest)
     return loaded, signatures

@@ -1,7 +1,7 @@
 """TF Serving's REST predict body (``/v1/models/NAME:predict``), in and out.
 
 Request: ``{"signature_name": S, "instances": [...]}`` (row format: one object per sample, every
-input in each; only when all inputs share the batch size) or ``{"signature_name": S, "inputs":
+input in each; not for a signature whose export declares several batch groups) or ``{"signature_name": S, "inputs":
 {name: value}}`` (columnar format). A signature with a single input also takes bare values.
 Response: ``{"predictions": ...}`` for rows, ``{"outputs": ...}`` for columns, each a bare list
 when the signature has one output and keyed by output name otherwise -- as TF Serving answers.
@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from gmeta_tf.serve.signatures import DEFAULT_SIGNATURE, Signature
-from gmeta_tf.serve.tensors import BadRequest, as_array, check_batches, check_names, fit
+from gmeta_tf.serve.tensors import BadRequest, as_array, check_names, check_request, fit
 
 _FIELDS = ("signature_name", "instances", "inputs")
 
@@ -55,9 +55,10 @@ def _columns_from_rows(sig: Signature, instances: Any) -> Dict[str, Any]:
     if not isinstance(instances, list) or not instances:
         raise BadRequest("instances must be a non-empty list (one entry per sample)")
     if len(sig.batch_groups) > 1:
-        groups = ", ".join(f"{g}_*" if g else "others" for g in sorted(sig.batch_groups))
-        raise BadRequest(f"signature {sig.name!r} takes inputs with different batch sizes ({groups}): "
-                         "the row format cannot carry them, send the columnar \"inputs\" format")
+        groups = ", ".join(sorted(sig.batch_groups))
+        raise BadRequest(f"signature {sig.name!r} takes inputs with different batch sizes (its export declares "
+                         f"the batch groups {groups}): the row format cannot carry them, send the columnar "
+                         "\"inputs\" format")
     if len(sig.inputs) == 1 and not all(isinstance(row, dict) for row in instances):
         return {next(iter(sig.inputs)): instances}
     columns: Dict[str, list] = {name: [] for name in sig.inputs}
@@ -84,7 +85,7 @@ def parse(payload: Any, signatures: Dict[str, Signature]) -> V1Request:
             columns = {next(iter(sig.inputs)): columns}
         check_names(sig, columns, "inputs")
     arrays = {name: fit(name, as_array(name, value), sig.inputs[name]) for name, value in columns.items()}
-    check_batches(sig, arrays)
+    check_request(sig, arrays)
     return V1Request(signature=sig, arrays=arrays, rows=rows)
 
 

@@ -13,8 +13,17 @@ from typing import Dict, Tuple
 import numpy as np
 
 from gmeta_tf.serve.kserve_lib import InferOutput, InferRequest, InferResponse, InvalidInput, from_np_dtype, to_np_dtype
-from gmeta_tf.serve.signatures import DEFAULT_SIGNATURE, Signature
-from gmeta_tf.serve.tensors import BadRequest, as_array, check_batches, check_names, fit, kind_fits, kind_text
+from gmeta_tf.serve.signatures import DEFAULT_SIGNATURE, Signature, TensorInfo
+from gmeta_tf.serve.tensors import (
+    BadRequest,
+    as_array,
+    check_names,
+    check_request,
+    fit,
+    int_range_problem,
+    kind_fits,
+    kind_text,
+)
 from gmeta_tf.serve.v1_format import pick_signature
 
 SIGNATURE_PARAMETER = "signature_name"
@@ -27,6 +36,9 @@ def _array(inp, sig: Signature) -> np.ndarray:
         raise BadRequest(f"input {name!r}: unknown datatype {inp.datatype!r}")
     if isinstance(inp.data, list):  # JSON data: its own kind must agree with the declared datatype
         raw = as_array(name, inp.data)
+        if np.dtype(dtype).kind in "iu":  # before numpy casts it, or fails to (OverflowError)
+            int_range_problem(name, raw.reshape(inp.shape) if raw.size == np.prod(inp.shape) else raw,
+                              TensorInfo(name, np.dtype(dtype), None))
         if not kind_fits(raw, np.dtype(dtype)):
             raise BadRequest(f"input {name!r} declares {inp.datatype} but its data holds {kind_text(raw)}")
     try:
@@ -47,7 +59,7 @@ def parse(request: InferRequest, signatures: Dict[str, Signature]) -> Tuple[Sign
         raise BadRequest(f"inputs: input {duplicated[0]!r} is given more than once")
     check_names(sig, names, "inputs")
     arrays = {inp.name: _array(inp, sig) for inp in request.inputs}
-    check_batches(sig, arrays)
+    check_request(sig, arrays)
     return sig, arrays
 
 

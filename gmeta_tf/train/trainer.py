@@ -30,11 +30,12 @@ from gmeta_tf import storage
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
 from gmeta_tf.embedding.devices import ps_task_of, ps_tasks_named
+from gmeta_tf.errors import CheckpointError
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.train.checkpoint import CheckpointManager
+from gmeta_tf.train.checkpoint import META, CheckpointFiles, CheckpointManager
 from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
 from gmeta_tf.train.runtime import Runtime, reachable
 from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validate
@@ -141,7 +142,8 @@ def _restore(cfg: Config, rt: Runtime, run_dir: str, schema: dict, ckpt: Checkpo
     """The step to start after, agreed by every rank. Rank 0 alone restores: with PS tables it
     refills them (every rank shares them). The run's config is written only after a resume was
     accepted: a refused resume must leave it as it was. A run with checkpoints of its own resumes
-    from them, warm start or not; a warm start writes ``warm_start.json`` (kept across resumes)."""
+    from them, warm start or not; a warm start writes ``warm_start.json`` (kept across resumes),
+    and a run that starts from scratch removes one an earlier, checkpoint-less attempt left."""
     start = 0
     if rt.rank == 0:
         storage.makedirs(run_dir)
@@ -157,6 +159,12 @@ def _restore(cfg: Config, rt: Runtime, run_dir: str, schema: dict, ckpt: Checkpo
             rt.log(f"warm start from {warm.checkpoint} (step {warm.step} of {warm.given})")
         elif start and warm is not None:
             rt.log(f"--warm-start {warm.given} ignored: this run resumes from its own checkpoint")
+        elif not start and storage.exists(storage.join(run_dir, WARM_START_FILE)):
+            # A warm start cut off before its first checkpoint, re-run without one: this run
+            # trains from scratch, and the run directory must not name a source it never used.
+            storage.rmtree(storage.join(run_dir, WARM_START_FILE))
+            rt.log(f"removed {WARM_START_FILE}: it named the source of an earlier attempt that left no "
+                   f"checkpoint; this run starts from scratch")
         dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
     return rt.sync.broadcast_int(start)
 
@@ -395,13 +403,17 @@ def load_trained(run_dir: str | Path, overrides=(), checkpoint: str = "best") ->
     """Rebuild a run's model with local tables from its config and a checkpoint: ``best`` (the
     best validation step; the latest when the run did not validate), ``latest`` or a step."""
     from gmeta_tf.config.loader import load_config
-    from gmeta_tf.errors import CheckpointError
 
     run_dir = str(run_dir)
     if not storage.exists(storage.join(run_dir, CONFIG_FILE)):
         raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); run 'gmeta train --out {run_dir}' first")
     cfg = load_config(storage.join(run_dir, CONFIG_FILE), overrides)
     schema = load_schema(cfg.data.path)
+    # The data is checked before the model is built from it: a renamed or reordered feature
+    # builds a model the checkpoint cannot fill, and the restore would blame the weights.
+    picked = _picked_meta(storage.join(run_dir, "checkpoints"), checkpoint)
+    if picked is not None:
+        check_data(picked[1], schema, cfg.data.path, picked[0], "evaluate")
     model = build_model(cfg, schema, Runtime())
     dense_opt, emb_opt = make_optimizers(cfg.train)
     ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt)
@@ -409,6 +421,16 @@ def load_trained(run_dir: str | Path, overrides=(), checkpoint: str = "best") ->
         raise CheckpointError(f"{run_dir}: no complete checkpoint in {storage.join(run_dir, 'checkpoints')}")
     check_data(ckpt.restored_meta, schema, cfg.data.path, ckpt.restored, "evaluate")
     return cfg, model, ckpt
+
+
+def _picked_meta(ckpt_dir: str, which: str) -> Optional[tuple[str, dict]]:
+    """(path, meta.json) of the checkpoint ``which`` names, or None when there is none or its
+    meta cannot be read (the restore then says what is wrong)."""
+    try:
+        path = CheckpointFiles(ckpt_dir, log=lambda m: None).pick(which) if storage.exists(ckpt_dir) else None
+        return (path, json.loads(storage.read_text(storage.join(path, META)))) if path else None
+    except (CheckpointError, OSError, ValueError):
+        return None
 
 
 # What a lost PS or a stalled / killed peer rank raises in this rank, inside the step or in any

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import numpy as np
 import optuna
 from optuna.trial import TrialState
 
@@ -18,7 +19,8 @@ from gmeta_tf.tune.space import SearchSpace
 Objective = Callable[[optuna.Trial, Dict[str, Any]], float]
 
 # Trials that end in these states count towards --trials, except one left RUNNING by a killed
-# run: it is marked failed and ``abandoned`` when the study is resumed, and run again.
+# run: it is marked failed and ``abandoned`` when the study is resumed, and a new trial takes its
+# place (with new parameters: ``open_study`` reseeds the sampler of a resumed study).
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -59,6 +61,12 @@ def open_study(direction: str, seed: int, pruner: Optional[optuna.pruners.BasePr
             raise StudyMismatchError(f"{where} was started with a different {', '.join(changed)}; "
                                      f"re-run with the same arguments to resume it, or use a new output directory")
     _fail_abandoned(study)
+    stored = len(study.get_trials(deepcopy=False))
+    if stored:
+        # A sampler seeded as before would draw the same parameters as the first trials again
+        # (TPE starts with seeded random draws): a resumed study draws from a stream of its own,
+        # still reproducible from (seed, trials stored).
+        study.sampler = optuna.samplers.TPESampler(seed=int(np.random.SeedSequence([seed, stored]).generate_state(1)[0]))
     return study
 
 
