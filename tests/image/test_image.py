@@ -11,6 +11,8 @@ distributed run, whose checkpoint is exported, and the export is served.
 * ``gmeta demo`` writes its AUC table, and the printed table matches ``demo_summary.json``;
 * ``gmeta ps serve`` in one container, a 1-worker ``gmeta launch local`` in another: the trained
   tables' rows are on that PS task, and the PS exits 0 on SIGTERM as PID 1;
+* the rendered TFJob's PS and Worker commands, env and ConfigMap train with ``TF_CONFIG`` in the
+  image, and the worker, as PID 1, exits at once on SIGTERM;
 * ``gmeta export``, then the InferenceService's own container command (port 8080, the model at
   /mnt/models) answers a predict request from the host with the scores the SavedModel computes
   in the container.
@@ -216,6 +218,53 @@ def test_ps_serve_and_launch_local_train_on_that_ps(box):
     # PID 1 in its container: SIGTERM must reach the PS's handler, which exits 0.
     assert stop(ps) == 0
     assert "shutting down" in podman("logs", ps).stderr + podman("logs", ps).stdout
+
+
+def test_rendered_tfjob_pods_train_with_the_images_entrypoint(box):
+    """The TFJob's PS and Worker containers as the training operator starts them: the rendered
+    command, env and ConfigMap, plus TF_CONFIG. On the host network the services are loopback
+    ports, so the ports and the Gloo interface are the only values changed (as in
+    tests/test_tfjob_emulation.py); a pod has its own eth0 and ports."""
+    from gmeta_tf.config.loader import load_config
+    from launch.k8s_render import render_manifests
+
+    cfg = load_config(str(ROOT / "configs" / "quickstart.yaml"), [f"train.steps={STEPS}", "train.log_every=5"])
+    configmap, tfjob = render_manifests(cfg, image=IMAGE, workers=1, ps=1, checkpoint_pvc="gmeta-ckpt",
+                                        data="/ckpt/demo/data/prepared", name="tfjob")
+    config_dir = box.work / "etc-gmeta"
+    config_dir.mkdir()
+    (config_dir / "config.yaml").write_text(configmap["data"]["config.yaml"])
+    grpc_ps, grpc_worker, health, rendezvous = free_ports(4)
+    cluster = {"ps": [f"127.0.0.1:{grpc_ps}"], "worker": [f"127.0.0.1:{grpc_worker}"]}
+    ports = {"GMETA_HEALTH_PORT": str(health), "GMETA_RENDEZVOUS_PORT": str(rendezvous), "GMETA_GLOO_IFACE": "lo"}
+
+    def pod(role):
+        (container,) = tfjob["spec"]["tfReplicaSpecs"][role]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]} | ports
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": role.lower(), "index": 0}})
+        options = ["--network", "host", "-v", f"{box.work}:/ckpt", "-v", f"{config_dir}:/etc/gmeta:ro"]
+        return container["command"], [*options, *(a for k, v in env.items() for a in ("-e", f"{k}={v}"))]
+
+    command, options = pod("PS")
+    ps = box.start("tfjob-ps", command, options=options)
+    wait_http(f"http://127.0.0.1:{health}/ready", ps, timeout=180)
+    command, options = pod("Worker")
+    got = box.run("tfjob-worker", command, options=options, timeout=900)
+    assert f"trained maml to step {STEPS} over 1 worker(s); run directory /ckpt/tfjob" in got.stdout, got.stdout[-3000:]
+    summary = json.loads((box.work / "tfjob" / "train_summary.json").read_text())
+    assert summary["last_step"] == STEPS and summary["ps"] == 1
+    assert all(by_task.get("0", 0) > 0 for by_task in summary["table_rows_by_ps_task"].values())
+    # A pod being deleted: the kubelet's SIGTERM reaches the worker (PID 1) and it exits at once
+    # as terminated (143), not after the grace period as SIGKILLed (137).
+    worker = box.start("tfjob-worker-again", [*command, "--steps", "100000"], options=options)
+    deadline = time.monotonic() + 300
+    while f"step {STEPS + 5}/" not in podman("logs", worker, check=False).stdout:
+        assert time.monotonic() < deadline, podman("logs", worker, check=False).stdout[-3000:]
+        time.sleep(2)
+    t0 = time.monotonic()
+    assert stop(worker, grace=60) == 143
+    assert time.monotonic() - t0 < 30
+    assert stop(ps) == 0
 
 
 def test_served_export_answers_with_the_exports_own_scores(box):
