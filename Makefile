@@ -113,7 +113,7 @@ image: $(VENV)/.stamp-horovod-wheel
 	@$(PODMAN) image inspect --format '{{.Id}} {{.Size}}' $(IMAGE) | \
 	  awk '{printf "image $(IMAGE): %.0f MB (id %.12s)\n", $$2 / 1e6, $$1}'
 
-# Starts the image and checks what it computes (tests/image, about 5 minutes); not in `make test`.
+# Starts the image and checks what it computes (tests/image, about 2 minutes); not in `make test`.
 image-test: install
 	GMETA_TEST_IMAGE=$(IMAGE) $(PY) -m pytest -q -p no:xdist -m image tests/image
 
