@@ -95,7 +95,7 @@ lint: install
 # The container image of docs/kubernetes.md, built here without any registry: the tools (podman,
 # runc, mmdebstrap) installed when missing, a Debian bookworm base made with mmdebstrap, every
 # wheel built on this host (launch/image/wheelhouse.sh), then `podman build` with pip offline.
-# IMAGE_BASE=debian:bookworm-slim uses a registry's base instead; TF_EXTRA=and-cuda and
+# IMAGE_BASE=docker.io/library/debian:bookworm-slim uses a registry's base instead; TF_EXTRA=and-cuda and
 # IMAGE_BUILD_ARGS for the GPU variant (docs/kubernetes.md).
 IMAGE ?= localhost/gmeta-tf:$(shell sed -n 's/.*version="\([^"]*\)".*/\1/p' setup.py)
 IMAGE_BASE_MADE_HERE := localhost/gmeta-tf-base:bookworm
