@@ -8,29 +8,46 @@ PIP := $(VENV)/bin/pip
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVOD_VERSION := 0.28.1
+# pip's own bootstrap of the venv (TFRA imports pkg_resources, gone from setuptools 70); the image
+# installs the same (launch/image/wheelhouse.sh).
+BOOTSTRAP := pip wheel "setuptools<70"
+# Horovod is built once, as a wheel here, which `make install` installs and `make image` ships.
+HOROVOD_WHEELS := $(VENV)/wheels
+HOROVOD_WHEEL_GLOB := $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl
 # Test processes (pytest-xdist); every test file runs whole in one of them (--dist loadfile).
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean
+.PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean image image-test
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.stamp-base: requirements.txt requirements-dev.txt | $(VENV)/bin/python
-	$(PIP) install --upgrade pip wheel "setuptools<70"
+	$(PIP) install --upgrade $(BOOTSTRAP)
 	$(PIP) install -r requirements.txt -r requirements-dev.txt
 	touch $@
 
 # Horovod compiles against the installed TensorFlow, hence --no-build-isolation and Gloo-only.
+# The wheel stays in $(HOROVOD_WHEELS) for `make image`.
+$(VENV)/.stamp-horovod-wheel: $(VENV)/.stamp-base
+	@if ls $(HOROVOD_WHEEL_GLOB) >/dev/null 2>&1; then \
+	  echo "horovod $(HOROVOD_VERSION) wheel already built:" $(HOROVOD_WHEEL_GLOB); \
+	else \
+	  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+	  $(PIP) wheel --no-build-isolation --no-deps --no-cache-dir -w $(HOROVOD_WHEELS) horovod==$(HOROVOD_VERSION); \
+	fi
+	touch $@
+
+# A venv that already has Horovod (built before the wheel was kept) is left as it is.
 $(VENV)/.stamp-horovod: $(VENV)/.stamp-base
 	@if $(PY) -c "import horovod, horovod.tensorflow; assert horovod.__version__ == '$(HOROVOD_VERSION)'" 2>/dev/null; then \
 	  echo "horovod $(HOROVOD_VERSION) already built"; \
 	else \
-	  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-	  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-	  $(PIP) install --no-build-isolation --no-cache-dir horovod==$(HOROVOD_VERSION); \
+	  $(MAKE) --no-print-directory $(VENV)/.stamp-horovod-wheel && \
+	  $(PIP) install $(HOROVOD_WHEEL_GLOB); \
 	fi
 	$(VENV)/bin/horovodrun --check-build | grep -E "TensorFlow|Gloo"
 	touch $@
@@ -73,6 +90,32 @@ quality: install
 lint: install
 	$(VENV)/bin/ruff check gmeta_tf ps launch bench tests
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/hadolint Dockerfile
+
+# The container image of docs/kubernetes.md, built here without any registry: the tools (podman,
+# runc, mmdebstrap) installed when missing, a Debian bookworm base made with mmdebstrap, every
+# wheel built on this host (launch/image/wheelhouse.sh), then `podman build` with pip offline.
+# IMAGE_BASE=docker.io/library/debian:bookworm-slim uses a registry's base instead; TF_EXTRA=and-cuda and
+# IMAGE_BUILD_ARGS for the GPU variant (docs/kubernetes.md).
+IMAGE ?= localhost/gmeta-tf:$(shell sed -n 's/.*version="\([^"]*\)".*/\1/p' setup.py)
+IMAGE_BASE_MADE_HERE := localhost/gmeta-tf-base:bookworm
+IMAGE_BASE ?= $(IMAGE_BASE_MADE_HERE)
+IMAGE_BUILD_ARGS ?=
+TF_EXTRA ?=
+PODMAN := launch/image/podman.sh
+image: $(VENV)/.stamp-horovod-wheel
+	launch/image/tools.sh
+	@if [ "$(IMAGE_BASE)" = "$(IMAGE_BASE_MADE_HERE)" ]; then launch/image/base.sh $(IMAGE_BASE); fi
+	PIP=$(PIP) BOOTSTRAP='$(BOOTSTRAP)' HOROVOD_WHEEL="$$(ls $(HOROVOD_WHEEL_GLOB) | head -1)" \
+	  HOROVOD_VERSION=$(HOROVOD_VERSION) \
+	  TF_EXTRA=$(TF_EXTRA) launch/image/wheelhouse.sh build/wheelhouse
+	$(PODMAN) build --format docker --network host --build-arg BASE_IMAGE=$(IMAGE_BASE) $(IMAGE_BUILD_ARGS) -t $(IMAGE) -f Dockerfile .
+	@$(PODMAN) image inspect --format '{{.Id}} {{.Size}}' $(IMAGE) | \
+	  awk '{printf "image $(IMAGE): %.0f MB (id %.12s)\n", $$2 / 1e6, $$1}'
+
+# Starts the image and checks what it computes (tests/image, about 2 minutes); not in `make test`.
+image-test: install
+	GMETA_TEST_IMAGE=$(IMAGE) $(PY) -m pytest -q -p no:xdist -m image tests/image
 
 clean:
 	rm -rf runs bench/results.json .import_linter_cache

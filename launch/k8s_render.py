@@ -47,6 +47,9 @@ TFJOB_PORT = 2222  # the operator builds TF_CONFIG from the port named tfjob-por
 RENDEZVOUS_PORT = 12355  # Horovod Gloo rendezvous, served by worker 0
 HEALTH_PORT = 2223  # PS readiness probe (ps/server.py: /ready)
 GLOO_IFACE = "eth0"
+# The image's user and group (Dockerfile: USER 1000:1000). Volumes of a pod with fsGroup are
+# group-writable by it, so the non-root image can write its checkpoints to a fresh PVC.
+IMAGE_GID = 1000
 APP_NAME = "gmeta-tf"
 JOB_LABEL = "gmeta-tf/job"
 GANG_SCHEDULERS = {
@@ -213,6 +216,7 @@ def render_manifests(
         config_dir=CONFIG_DIR,
         checkpoint_pvc=checkpoint_pvc,
         checkpoint_mount=CHECKPOINT_MOUNT,
+        fs_group=IMAGE_GID,
     )
     return [configmap, tfjob]
 

@@ -83,6 +83,7 @@ def test_render_validates_and_has_the_expected_shape(cfg, workers, ps, gpus):
         assert spec["restartPolicy"] == "OnFailure"
         pod = spec["template"]["spec"]
         assert "schedulerName" not in pod
+        assert pod["securityContext"] == {"fsGroup": 1000}  # the image's group (tests/image checks it)
         c = _container(tfjob, role)
         assert c["name"] == "tensorflow"
         assert c["image"] == "registry.example/gmeta-tf:0.1.0"

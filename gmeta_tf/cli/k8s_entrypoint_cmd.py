@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 import click
 
@@ -27,6 +28,10 @@ def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume, w
         return
     cfg = train_config(config_path, overrides, data, algo, steps, ",".join(tfc.ps) if tfc.ps else None)
     os.environ.update(worker_env(tfc))
+    # The container's PID 1 gets no default SIGTERM action from the kernel: without a handler the
+    # kubelet's SIGTERM is dropped and the pod lingers until SIGKILL. Exit as a killed process
+    # would; a checkpoint being written is complete or absent (its meta.json is written last).
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     rendezvous = start_rendezvous_if_rank0(tfc)
     try:
         # A restarted pod continues the job (a warm start only applies before its first checkpoint).
@@ -37,3 +42,7 @@ def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume, w
     if rt is None or rt.rank == 0:
         click.echo(f"trained {cfg.meta.algo} to step {summary['steps']} over {summary['ranks']} worker(s); "
                    f"run directory {run_dir}")
+
+
+def _exit_on_sigterm(signum, _frame):
+    raise SystemExit(128 + signum)
