@@ -59,7 +59,7 @@ $(VENV)/.stamp-package: $(VENV)/.stamp-base setup.py
 # The full suite: unit and integration tiers, after the architecture contract. The soak tier
 # (20 seeded start-order runs, the kill -9 sequence over five launches) runs on its own.
 test: install lint-imports
-	$(PYTEST) -m "not soak" tests
+	$(PYTEST) -m "not soak and not image" tests
 
 test-soak: install
 	$(PY) -m pytest -q -m soak tests
@@ -67,7 +67,7 @@ test-soak: install
 # The unit tier (tests not marked `integration` in pytest.ini): no PS, horovodrun or long
 # training; a few minutes on 2 cores.
 test-fast: install lint-imports
-	$(PYTEST) -m "not integration" tests
+	$(PYTEST) -m "not integration and not image" tests
 
 # The layers of docs/architecture.md, as written in .importlinter.
 lint-imports: install
