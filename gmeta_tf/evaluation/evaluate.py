@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -99,23 +100,23 @@ def _prediction_fn(model: AdaptableModel, cfg: Config, steps: int, lr: float):
     pass itself (MovieLens' 61 valid users: ~0.5 s to trace, 0.1 s to score). The key holds
     everything the graph bakes in: the adaptation, the meta config and which dense variables
     exist (by identity: a variable replaced on the model is a new graph). The function keeps a
-    copy of the config, so a later change to ``cfg`` cannot leak into a retrace for a new shape.
-    Kept on the model object (a cycle the garbage collector frees with it); a model that takes
-    no attributes gets a fresh function per call.
+    copy of the config, so a later change to ``cfg`` cannot leak into a retrace for a new shape,
+    and only a weak reference to the model, so the cache (keyed weakly by the model, never an
+    attribute a ``tf.Module`` would track and export) goes with it.
     """
     key = (steps, lr, repr(cfg.meta), tuple((n, id(v)) for n, v in model.dense_variables.items()))
-    cache = getattr(model, "_prediction_fns", None)
-    if cache is None:
+    try:
+        cache = _PREDICTION_FNS.setdefault(model, {})
+    except TypeError:  # a model that cannot be weakly referenced: trace per call
         cache = {}
-        try:
-            model._prediction_fns = cache
-        except AttributeError:
-            pass
     if key not in cache:
-        frozen = copy.deepcopy(cfg)
-        cache[key] = tf.function(lambda b: query_predictions(model, frozen, b, steps=steps, lr=lr,
+        frozen, ref = copy.deepcopy(cfg), weakref.ref(model)
+        cache[key] = tf.function(lambda b: query_predictions(ref(), frozen, b, steps=steps, lr=lr,
                                                              adapt_set=frozen.meta.adapt))
     return cache[key]
+
+
+_PREDICTION_FNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float,
