@@ -188,3 +188,40 @@ def test_cli_eval_pairs_baselines_and_another_run(prepared_kinds, tmp_path):
     with pytest.raises(DataError, match="no eval_tasks.parquet"):
         per_task.load_for_comparison(str(tmp_path / "nowhere"), TaskScores.from_parquet(
             (tmp_path / "maml" / per_task.TASKS_FILE).read_bytes()))
+
+
+@pytest.mark.integration
+def test_the_cached_eval_function_follows_the_config_and_goes_with_the_model(prepared_kinds):
+    """``evaluate`` reuses one traced function per model and adaptation (validation calls it every
+    ``train.eval_every`` steps). A cached function must never answer for a changed config, and the
+    cache must not keep a model alive."""
+    import gc
+    import weakref
+
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.evaluation import evaluate as ev
+    from gmeta_tf.metaio.reader import load_schema
+    from gmeta_tf.train.runtime import Runtime
+    from gmeta_tf.train.trainer import build_model
+
+    data = prepared_kinds["rating"]
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.support=8", "data.query=6",
+                                                  "meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton"])
+    model = build_model(cfg, load_schema(str(data)), Runtime())
+
+    def mae():
+        return ev.evaluate(model, cfg, "fomaml", "valid", with_baselines=False)["mae"]
+
+    stiff = mae()
+    assert mae() == stiff and len(ev._PREDICTION_FNS[model]) == 1  # traced once, reused
+    cfg.meta.ridge_lambda = 0.01
+    loose = mae()
+    assert loose != stiff and len(ev._PREDICTION_FNS[model]) == 2
+    ev._PREDICTION_FNS.clear()
+    assert mae() == pytest.approx(loose, abs=1e-7)  # what a fresh trace gives: nothing stale
+    cfg.data.support = 4  # a new batch shape retraces inside the same function, with its own config
+    assert mae() != loose
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None and len(ev._PREDICTION_FNS) == 0
