@@ -209,18 +209,18 @@ def test_the_cached_eval_function_follows_the_config_and_goes_with_the_model(pre
                                                   "meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton"])
     model = build_model(cfg, load_schema(str(data)), Runtime())
 
-    def mae():
-        return ev.evaluate(model, cfg, "fomaml", "valid", with_baselines=False)["mae"]
+    def mae(m):
+        return ev.evaluate(m, cfg, "fomaml", "valid", with_baselines=False)["mae"]
 
-    stiff = mae()
-    assert mae() == stiff and len(ev._PREDICTION_FNS[model]) == 1  # traced once, reused
+    stiff = mae(model)
+    assert mae(model) == stiff and len(ev._PREDICTION_FNS[model]) == 1  # traced once, reused
     cfg.meta.ridge_lambda = 0.01
-    loose = mae()
+    loose = mae(model)
     assert loose != stiff and len(ev._PREDICTION_FNS[model]) == 2
     ev._PREDICTION_FNS.clear()
-    assert mae() == pytest.approx(loose, abs=1e-7)  # what a fresh trace gives: nothing stale
+    assert mae(model) == pytest.approx(loose, abs=1e-7)  # what a fresh trace gives: nothing stale
     cfg.data.support = 4  # a new batch shape retraces inside the same function, with its own config
-    assert mae() != loose
+    assert mae(model) != loose
     ref = weakref.ref(model)
     del model
     gc.collect()
