@@ -17,6 +17,7 @@ setup(
         "PyYAML==6.0.2",
         "dacite==1.8.1",
         "scikit-learn==1.5.2",
+        "scipy==1.17.1",
         "jsonschema==4.23.0",
         "Jinja2==3.1.4",
         "optuna==4.1.0",

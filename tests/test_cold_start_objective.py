@@ -96,26 +96,37 @@ def test_the_movielens_example_config_and_every_erm_fine_tuning_choice_are_valid
     assert {c["support_loss"] for c in newton} == {"squared", "absolute"}  # ERM may fit as the meta-learner does
 
 
-def test_the_movielens_comparison_over_seeds_is_the_mean_of_each_seeds_numbers():
-    """``run.py --seeds``: one seed's test MAE moves by about ±0.005 on 122 users, so the
-    headline is the mean per model and metric, every seed's report kept beside it."""
+def test_the_movielens_comparison_pools_the_folds_test_users_and_pairs_them():
+    """``run.py`` pools every fold's test users into one table per support size, pairs each
+    meta-learner with every reference over those users, and reads the issue's targets off it."""
     import importlib.util
     from pathlib import Path
+
+    from gmeta_tf.evaluation.paired import Bootstrap
+    from gmeta_tf.evaluation.per_task import TaskScores, concat
 
     path = Path(__file__).resolve().parents[1] / "examples" / "movielens" / "run.py"
     spec = importlib.util.spec_from_file_location("movielens_run", path)
     run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(run)
 
-    def report(base, valid):
-        r = {"protocol": "p", "split": "test", "users": 3, "seconds": 10.0}
-        for i, n in enumerate([n for n, _, _ in run.MODELS] + run.BASELINES):
-            r[n] = {m: base + i + j / 10 for j, m in enumerate(run.METRICS)}
-        r["maml"]["valid_mae"], r["fomaml"]["valid_mae"] = valid
-        return r
+    def fold(ids, err):  # one query rating per user; every scorer's absolute error is `err` + offset
+        s = TaskScores("rating", ids, {"split": "test", "support": 10, "query": 1}, {})
+        offsets = {"fomaml": 0.0, "maml": 0.05, "erm": 0.3, "erm_finetune": 0.1, "global_mean": 0.5,
+                   "item_mean": 0.4, "item_mean_user_bias": 0.2}
+        for name, off in offsets.items():
+            parts = (np.asarray(err) + off, np.ones(len(ids)))
+            s.scorers[name] = {m: parts for m in run.METRICS}
+        return s
 
-    mean = run.over_seeds([report(0.0, (0.7, 0.6)), report(1.0, (0.5, 0.8))])
-    assert mean["fomaml"] == pytest.approx({"mae": 1.5, "rmse": 1.6, "p_at_5": 1.7, "ndcg_at_5": 1.8, "valid_mae": 0.7})
-    assert mean["item_mean"]["mae"] == 5.5 and "valid_mae" not in mean["item_mean"]
-    assert run.meta_learner(mean) == "maml"  # 0.6 vs 0.7 mean valid MAE
-    assert len(mean["seeds"]) == 2 and mean["seconds"] == 20.0
+    pooled = {10: concat([fold(["a", "b"], [0.5, 0.7]), fold(["c", "d", "e"], [0.6, 0.6, 0.6])])}
+    by = run.summarize(pooled, Bootstrap(resamples=200), [n for n, _, _ in run.MODELS] + run.BASELINES)
+    assert by["10"]["fomaml"]["mae"] == pytest.approx(0.6)  # all five users, pooled
+    assert by["10"]["item_mean"]["mae"] == pytest.approx(1.0)
+    d = by["10"]["paired"]["fomaml_vs_erm_finetune"]["mae"]
+    assert (d["diff"], d["ci_low"], d["ci_high"], d["verdict"]) == pytest.approx((-0.1, -0.1, -0.1, "better"))
+    assert set(by["10"]["paired"]) == {f"{a}_vs_{b}" for a in ("maml", "fomaml") for b in run.REFERENCES}
+    t = run.targets(by, "fomaml")
+    assert t["mae_support_10"]["reference"] == "erm_finetune"
+    assert t["mae_support_10"]["gain"] == pytest.approx(1 - 0.6 / 0.7) and t["mae_support_10"]["met"]
+    assert t["ndcg_support_10"]["diff"] == pytest.approx(-0.4) and not t["ndcg_support_10"]["met"]

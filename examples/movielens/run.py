@@ -1,22 +1,29 @@
-"""One command for the MovieLens cold-start comparison: convert → prepare → train → eval.
+"""One command for the cross-validated MovieLens cold-start comparison: convert → prepare → train → eval.
 
-Trains MAML, first-order MAML and ERM with the example's config (each keeps its best
-validation step, early stopping on the valid split's users), evaluates each on the TEST split's
-cold users, and prints them next to the baselines that ``gmeta eval`` computes on the very same
-users, support and query sets. ERM fine-tuned on the support set is its own row: its
-fine-tuning steps and learning rate are chosen on the valid split, never on test.
+The 610 users are dealt into 5 folds (``prepare.folds``). For each fold: that fold's users are
+the test users, 61 users of the next fold the valid users, the rest train. MAML, first-order MAML
+and ERM train with early stopping on the fold's valid users; ERM fine-tuned on the support set is
+its own row, its fine-tuning chosen on the same valid users (separately for each support size).
+Every model and baseline is then scored on the fold's test users with each user's last 5, 10, 20
+and 50 support ratings (same query: its last 10 ratings). The test users of all folds are pooled
+(every user is a test user exactly once) and every model is paired with every baseline over those
+users, with a bootstrap interval (``gmeta_tf/evaluation/paired.py``).
 
-    python examples/movielens/run.py --out runs/movielens [--json bench/quality.json] [--seeds 0,1,2,3]
+    python examples/movielens/run.py --out runs/movielens [--json bench/quality.json]
+    python examples/movielens/run.py --out runs/search --folds 0,1 --split valid --models fomaml \\
+        --supports 10,50 --set meta.irls_steps=1      # a quick, valid-only look at a change
 
-``make quality`` runs exactly this and writes ``bench/quality.json``.
+``make quality`` runs the first line and writes ``bench/quality.json``.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
@@ -31,8 +38,13 @@ MODELS = [
     ("erm", "erm", []),
     ("erm_finetune", "erm", ["train.best_metric=mae_finetune"]),
 ]
+META_LEARNERS = ("maml", "fomaml")
 BASELINES = ["global_mean", "item_mean", "item_mean_user_bias"]
+# What each meta-learner is paired with: ERM as trained and fine-tuned, and every baseline.
+REFERENCES = ["erm", "erm_finetune", *BASELINES]
 METRICS = ["mae", "rmse", "p_at_5", "ndcg_at_5"]
+FOLDS = 5
+SUPPORTS = (5, 10, 20, 50)
 # ERM fine-tuning settings tried on the valid split; the best is used on test: SGD on the top
 # MLP (steps × learning rate), and the ridge fit of a per-user head (the MAML model's own
 # adaptation, so the comparison isolates what meta-training adds), with or without the support
@@ -46,123 +58,230 @@ FINETUNE_CANDIDATES = (
         "support_loss": loss, "finetune_steps": 1}
        for lam in (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0) for h in (0.0, 5.0) for loss in ("squared", "absolute")])
 
-PROTOCOL = ("MovieLens latest-small (610 users, 100,836 ratings); a task is one user; users are split "
-            "70/10/20 into train / valid / test, so valid and test users are never seen in training "
-            "(cold start); each user's last 10 ratings by time are its query and up to 50 ratings "
-            "right before them its support; models adapt on the support and are scored on the query; "
-            "every choice (steps via early stopping, ERM fine-tuning) is made on valid; the numbers "
-            "are the test users'.")
-
-
-def _metrics(result: Dict, suffix: str = "") -> Dict[str, float]:
-    return {m: result.get(f"{m}{suffix}") for m in METRICS}
+PROTOCOL = ("MovieLens latest-small (610 users, 100,836 ratings); a task is one user; 5-fold cross-validation "
+            "over users: in each fold one fifth of the users are test users, 61 users of the next fold valid "
+            "users, the rest train, so valid and test users are never seen in training (cold start); every "
+            "user is a test user exactly once; each user's last 10 ratings by time are its query and its "
+            "last n ratings before them its support (n = 5, 10, 20, 50); models adapt on the support and "
+            "are scored on the query; every choice (steps via early stopping, ERM fine-tuning per n) is made "
+            "on the fold's valid users; the numbers pool the test users of all folds, and every model-vs-"
+            "baseline difference is paired over those users with a 95% bootstrap interval.")
 
 
 def _apply(cfg, choice: Dict, model) -> None:
-    """Set one fine-tuning choice on the ERM run's config, and on its model the support
-    half-life it fits with (a dense weight the Newton fit reads; absent = unweighted)."""
-    from gmeta_tf.meta.inner_loop import SUPPORT_HALF_LIFE, add_support_recency
+    """Set one fine-tuning choice on the ERM run's config and model. The ridge λ and the support
+    half-life go into the model's own variables, as a meta-learned head holds them (absent
+    half-life = unweighted fit), and are assigned, not baked into the graph: candidates that
+    differ only in them share one compiled evaluation (``evaluate._prediction_fn``)."""
+    import numpy as np
+
+    from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, SUPPORT_HALF_LIFE, add_ridge_prior, add_support_recency
 
     for key, value in choice.items():
-        setattr(cfg.eval if key.startswith("finetune") else cfg.meta, key, value)
-    model.dense_variables.pop(SUPPORT_HALF_LIFE, None)
-    if choice.get("support_half_life"):
-        add_support_recency(model, choice["support_half_life"])
+        if key not in ("ridge_lambda", "support_half_life"):
+            setattr(cfg.eval if key.startswith("finetune") else cfg.meta, key, value)
+    cfg.meta.support_half_life = 0.0  # the config key only adds the variable at build time
+    variables = model.dense_variables
+    if "ridge_lambda" in choice:
+        if RIDGE_PRIOR in variables:
+            variables[RIDGE_PRIOR].assign(np.full(variables[RIDGE_PRIOR].shape, np.log(choice["ridge_lambda"]), np.float32))
+        else:
+            add_ridge_prior(model, choice["ridge_lambda"])
+    h = choice.get("support_half_life")
+    held = variables.pop(SUPPORT_HALF_LIFE, None) or _STASH.get(model)
+    if h:
+        if held is None:
+            add_support_recency(model, h)
+            held = variables[SUPPORT_HALF_LIFE]
+        held.assign([np.log(h)])
+        variables[SUPPORT_HALF_LIFE] = held  # the same variable object again: the same compiled graph
+    if held is not None:
+        _STASH[model] = held
 
 
-def _pick_finetune(model, cfg, log) -> Dict:
+_STASH = weakref.WeakKeyDictionary()  # model → its half-life variable, kept while a candidate fits without it
+
+
+def _pick_finetune(model, cfg, support: int, log) -> Dict:
+    """ERM's fine-tuning at ``support`` ratings per user, chosen on the fold's valid users."""
     from gmeta_tf.evaluation.evaluate import evaluate
 
+    cfg.data.support = support
     scored = []
     for i, choice in enumerate(FINETUNE_CANDIDATES):
         _apply(cfg, choice, model)
         scored.append((evaluate(model, cfg, "erm", "valid", with_baselines=False)["mae_finetune"], i))
     value, best = min(scored)
-    log(f"ERM fine-tuning chosen on valid: {FINETUNE_CANDIDATES[best]} (valid mae {value:.4f})")
-    return FINETUNE_CANDIDATES[best]
+    log(f"  ERM fine-tuning at support <= {support}, chosen on valid: {FINETUNE_CANDIDATES[best]} "
+        f"(valid mae {value:.4f})")
+    return {**FINETUNE_CANDIDATES[best], "valid_mae": value}
 
 
-def run(out: Path, overrides: Sequence[str] = (), log: Callable[[str], None] = print) -> Dict:
-    from convert import convert
+def run_fold(out: Path, raw: Path, fold: int, overrides: Sequence[str] = (), *, models=MODELS,
+             supports=SUPPORTS, split: str = "test", log: Callable[[str], None] = print) -> Dict:
+    """Prepare fold ``fold`` of the converted ratings ``raw``, train ``models``, score ``split``'s
+    users at each support size.
 
+    Returns ``{"scores": {n: TaskScores}, "info": {...}}``: every model's and baseline's per-user
+    parts on the fold's users (scorer names as in the table)."""
     from gmeta_tf.config.loader import load_config
-    from gmeta_tf.data.prepare import format_summary, prepare
-    from gmeta_tf.evaluation.evaluate import evaluate, write_eval
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.evaluation.evaluate import evaluate_tasks
+    from gmeta_tf.train.runtime import Runtime
     from gmeta_tf.train.trainer import load_trained, train
 
     t0 = time.perf_counter()
-    out = Path(out)
-    raw, prepared = out / "data" / "raw", out / "data" / "prepared"
-    base = [*overrides, f"data.path={prepared.resolve()}"]
+    prepared = out / "data" / "prepared"
+    base = [*overrides, f"data.path={prepared.resolve()}", f"prepare.folds={FOLDS}", f"prepare.fold={fold}"]
     cfg = load_config(str(CONFIG), base)
-    convert(out=raw)
-    log(format_summary(prepare([str(raw)], str(prepared), cfg.prepare, overwrite=True)))
-    table: Dict[str, Dict] = {}
-    evals: Dict[str, Dict] = {}
-    for name, algo, extra in MODELS:
+    summary = prepare([str(raw)], str(prepared), cfg.prepare, overwrite=True)
+    info: Dict = {"fold": fold, **{f"{k}_users": v["tasks"] for k, v in summary["splits"].items()}, "models": {}}
+    scores: Dict[int, object] = {}
+    for name, algo, extra in models:
         run_dir = out / name
         shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
         run_cfg = load_config(str(CONFIG), [*base, f"meta.algo={algo}", *extra])
-        log(f"--- training {name}")
-        summary = train(run_cfg, run_dir, resume=False)
+        with open(run_dir / "train.log", "w") as fh:  # the per-step lines; the terminal gets one per model
+            result = train(run_cfg, run_dir, Runtime(log=lambda m: print(m, file=fh, flush=True)), resume=False)
         cfg_run, model, _ = load_trained(run_dir)  # the best validation step
-        suffix = ""
-        if name == "erm_finetune":
-            choice = _pick_finetune(model, cfg_run, log)
-            _apply(cfg_run, choice, model)
-            table["erm_finetune_choice"] = choice
-            suffix = "_finetune"
-        result = evaluate(model, cfg_run, algo, "test")
-        write_eval(run_dir, result)
-        evals[name] = result
-        best = summary.get("best") or {}
-        table[name] = {**_metrics(result, suffix), "best_step": best.get("step"), "valid_mae": best.get("value")}
-    baselines = evals["maml"].get("baselines", {})
-    for b in BASELINES:
-        if b in baselines:
-            table[b] = {m: baselines[b].get(m) for m in METRICS}
-    report = {"protocol": PROTOCOL, "split": "test", "users": evals["maml"]["tasks"],
-              "seconds": round(time.perf_counter() - t0, 1), **table}
+        best = result.get("best") or {}
+        info["models"][name] = {"best_step": best.get("step"), "valid_mae": best.get("value")}
+        log(f"  fold {fold} {name}: best valid MAE {best.get('value', float('nan')):.4f} at step {best.get('step')}")
+        for n in supports:
+            if name == "erm_finetune":
+                choice = _pick_finetune(model, cfg_run, n, log)
+                _apply(cfg_run, {k: v for k, v in choice.items() if k != "valid_mae"}, model)
+                info["models"][name].setdefault("finetune_choice", {})[n] = choice
+            cfg_run.data.support = n
+            _, tasks = evaluate_tasks(model, cfg_run, algo, split, with_baselines=n not in scores)
+            scorer = "erm_finetune" if name == "erm_finetune" else algo
+            own = scores[n].aligned(tasks) if n in scores else tasks
+            if n not in scores:  # the first model's pass brings the baselines
+                scores[n] = dataclasses.replace(tasks, scorers={s: p for s, p in tasks.scorers.items()
+                                                                if tasks.roles[s] == "baseline"})
+            scores[n].scorers[name] = own.scorers[scorer]
+            if name in META_LEARNERS:
+                scores[n].scorers[f"{name}_no_adapt"] = own.scorers[f"{algo}_no_adapt"]
+    for s in scores.values():
+        s.setup = {"split": split, "query": s.setup["query"], "support": s.setup["support"]}
+    info["seconds"] = round(time.perf_counter() - t0, 1)
+    return {"scores": scores, "info": info}
+
+
+def summarize(pooled: Dict[int, object], boot, names: Sequence[str]) -> Dict:
+    """``by_support``: per support size, every scorer's pooled metrics and the paired differences
+    of each meta-learner against each reference (and against itself before adapting)."""
+    from gmeta_tf.evaluation import paired
+
+    out: Dict = {}
+    for n, scores in pooled.items():
+        row: Dict = {name: {m: scores.metric(name, m) for m in METRICS} for name in names if name in scores.scorers}
+        comparisons: Dict = {}
+        for a in META_LEARNERS:
+            if a not in scores.scorers:
+                continue
+            for b in [*REFERENCES, f"{a}_no_adapt"]:
+                if b in scores.scorers:
+                    comparisons[f"{a}_vs_{b}"] = paired.compare(scores, a, b, boot, METRICS)
+        row["paired"] = comparisons
+        out[str(n)] = row
+    return out
+
+
+def targets(by_support: Dict, learner: str) -> Dict:
+    """The issue's targets, read off ``by_support`` for the shipped meta-learner: MAE at least 3%
+    below the better (on these users) of ERM fine-tuned and item mean + user bias at support <= 50
+    and <= 10, the paired interval below 0; nDCG@5 at least item mean's + 0.01, interval above 0."""
+    out = {}
+    for n in ("50", "10"):
+        row = by_support.get(n)
+        if not row or learner not in row or "erm_finetune" not in row:
+            continue
+        ref = min(("erm_finetune", "item_mean_user_bias"), key=lambda b: row[b]["mae"])
+        d = row["paired"][f"{learner}_vs_{ref}"]["mae"]
+        gain = 1.0 - row[learner]["mae"] / row[ref]["mae"]
+        out[f"mae_support_{n}"] = {"reference": ref, "gain": gain, "ci": [d["ci_low"], d["ci_high"]],
+                                   "met": gain >= 0.03 and d["ci_high"] < 0}
+    for n in ("50", "10"):
+        row = by_support.get(n)
+        if not row or learner not in row:
+            continue
+        d = row["paired"][f"{learner}_vs_item_mean"]["ndcg_at_5"]
+        out[f"ndcg_support_{n}"] = {"diff": d["diff"], "ci": [d["ci_low"], d["ci_high"]],
+                                    "met": d["diff"] >= 0.01 and d["ci_low"] > 0}
+    return out
+
+
+def run(out: Path, overrides: Sequence[str] = (), *, folds: Sequence[int] = tuple(range(FOLDS)),
+        models=MODELS, supports=SUPPORTS, split: str = "test", log: Callable[[str], None] = print) -> Dict:
+    from convert import convert
+    from tqdm import tqdm
+
+    from gmeta_tf.evaluation.paired import Bootstrap
+    from gmeta_tf.evaluation.per_task import concat
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    raw = out / "data" / "raw"
+    convert(out=raw)
+    results = []
+    bar = tqdm(folds, desc="folds", unit="fold", file=sys.stderr, mininterval=0)
+    for fold in bar:
+        r = run_fold(out / f"fold-{fold}", raw, fold, overrides, models=models, supports=supports, split=split,
+                     log=bar.write)
+        results.append(r)
+        first = [n for n, _, _ in models][0]
+        top = r["scores"][max(supports)]
+        bar.write(f"fold {fold} done in {r['info']['seconds']:.0f} s: {split} users {len(top.task_ids)}, "
+                  + ", ".join(f"{s} {top.metric(s, 'mae'):.4f}" for s in (first, "item_mean_user_bias"))
+                  + f" (MAE at support <= {max(supports)})")
+    pooled = {n: concat([r["scores"][n] for r in results]) for n in supports}
+    for n, scores in pooled.items():  # every user's numbers, for paired comparisons between runs
+        (out / f"{split}-support-{n}.parquet").write_bytes(scores.to_parquet())
+    names = [n for n, _, _ in models] + [f"{m}_no_adapt" for m in META_LEARNERS] + BASELINES
+    boot = Bootstrap()
+    by_support = summarize(pooled, boot, names)
+    infos = [r["info"] for r in results]
+    learners = [m for m in META_LEARNERS if m in by_support[str(max(supports))]]
+    valid = {m: sum(i["models"][m]["valid_mae"] * i["valid_users"] for i in infos)
+             / sum(i["valid_users"] for i in infos) for m in learners}
+    learner = min(valid, key=valid.get) if valid else None  # chosen on the valid users, pooled over folds
+    report = {"protocol": PROTOCOL, "split": split, "folds": len(folds), "fold_ids": list(folds),
+              "users": len(pooled[max(supports)].task_ids), "supports": list(supports),
+              "bootstrap": boot.to_json(), "meta_learner": learner, "valid_mae": valid,
+              "by_support": by_support, "per_fold": infos,
+              "seconds": round(time.perf_counter() - t0, 1)}
+    if learner:
+        report["targets"] = targets(by_support, learner)
     log("")
     log(format_quality(report))
     return report
 
 
 def format_quality(report: Dict) -> str:
-    names = [n for n, _, _ in MODELS] + [b for b in BASELINES if b in report]
-    lines = [["model", *METRICS]]
-    for n in names:
-        row = report[n]
-        lines.append([n, *("-" if row.get(m) is None else f"{row[m]:.4f}" for m in METRICS)])
-    widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
-    body = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in lines)
-    return f"cold test users: {report['users']}\n{body}"
-
-
-def meta_learner(report: Dict) -> str:
-    """The meta-learned model to ship: MAML or first-order MAML, whichever is better on VALID."""
-    return min(("maml", "fomaml"), key=lambda n: report[n]["valid_mae"])
-
-
-def gain_over_best_baseline(report: Dict, model: str) -> float:
-    """Relative test MAE gain of ``model`` over the better of item mean + user bias and ERM
-    fine-tuned (the better one on test: the comparison is not flattered)."""
-    ref = min(report["item_mean_user_bias"]["mae"], report["erm_finetune"]["mae"])
-    return 1.0 - report[model]["mae"] / ref
-
-
-def over_seeds(reports: List[Dict]) -> Dict:
-    """One report per ``model.seed`` → their mean per model and metric (the headline), with every
-    seed's numbers kept under ``seeds``: on 122 test users one seed moves a model's MAE by about
-    ±0.005, as much as the gap the comparison is about."""
-    names = [n for n, _, _ in MODELS] + [b for b in BASELINES if b in reports[0]]
-    out = {k: v for k, v in reports[0].items() if k not in names}
-    for n in names:
-        keys = METRICS + (["valid_mae"] if reports[0][n].get("valid_mae") is not None else [])
-        out[n] = {m: sum(r[n][m] for r in reports) / len(reports) for m in keys}
-    out["seeds"] = reports
-    out["seconds"] = round(sum(r["seconds"] for r in reports), 1)
-    return out
+    """One table per support size: the pooled metrics, then the meta-learner's paired differences."""
+    out = [f"{report['split']} users: {report['users']} over {report['folds']} folds; "
+           f"intervals: {report['bootstrap']['method']}, {report['bootstrap']['resamples']} resamples"]
+    learner = report.get("meta_learner")
+    for n, row in report["by_support"].items():
+        lines = [["model", *METRICS]]
+        for name, vals in row.items():
+            if name != "paired":
+                lines.append([name, *(f"{vals[m]:.4f}" for m in METRICS)])
+        widths = [max(len(r[i]) for r in lines) for i in range(len(lines[0]))]
+        out.append(f"\nsupport <= {n} ratings")
+        out.extend("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines)
+        for name, comp in row["paired"].items():
+            if learner and name.startswith(f"{learner}_vs_"):
+                cells = [f"{m} {d['diff']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}] {d['verdict']}"
+                         for m, d in comp.items() if m in ("mae", "ndcg_at_5")]
+                out.append(f"  {name}: " + "; ".join(cells))
+    for key, t in (report.get("targets") or {}).items():
+        what = (f"gain {t['gain']:+.1%} vs {t['reference']}" if "gain" in t else f"diff {t['diff']:+.4f} vs item_mean")
+        out.append(f"target {key}: {what}, interval [{t['ci'][0]:+.4f}, {t['ci'][1]:+.4f}]: "
+                   f"{'met' if t['met'] else 'not met'}")
+    return "\n".join(out)
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -170,26 +289,17 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--out", default="runs/movielens", type=Path)
     p.add_argument("--json", default=None, type=Path, help="also write the comparison here (bench/quality.json)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--seeds", default=None, metavar="0,1,2,3",
-                   help="run the whole comparison once per model.seed (into OUT/seed-N) and report the mean")
+    p.add_argument("--folds", default=None, metavar="0,1",
+                   help=f"run only these of the {FOLDS} folds (a quick look; the headline runs all)")
+    p.add_argument("--split", default="test", choices=["test", "valid"],
+                   help="score the folds' valid users instead of the test users (for choosing a change)")
+    p.add_argument("--models", default=None, metavar="fomaml,erm_finetune", help="train only these rows")
+    p.add_argument("--supports", default=None, metavar="10,50", help="support sizes to score (default 5,10,20,50)")
     a = p.parse_args(argv)
-    if a.seeds:
-        reports = []
-        for seed in (int(x) for x in a.seeds.split(",")):
-            r = run(a.out / f"seed-{seed}", [*a.overrides, f"model.seed={seed}"])
-            r["model_seed"] = seed
-            r["meta_learner"] = meta_learner(r)
-            r["mae_gain_vs_best_baseline"] = gain_over_best_baseline(r, r["meta_learner"])
-            reports.append(r)
-        report = over_seeds(reports)
-        print(f"\nmean over model.seed {a.seeds}:\n{format_quality(report)}")
-    else:
-        report = run(a.out, a.overrides)
-    chosen = meta_learner(report)  # with --seeds: on the mean valid MAE
-    report["meta_learner"] = chosen
-    report["mae_gain_vs_best_baseline"] = gain_over_best_baseline(report, chosen)
-    print(f"{chosen} (chosen on valid) MAE gain over the better of item mean + user bias and ERM "
-          f"fine-tuned: {report['mae_gain_vs_best_baseline']:+.1%} (target: at least +3%)")
+    folds = [int(x) for x in a.folds.split(",")] if a.folds else list(range(FOLDS))
+    models = [m for m in MODELS if a.models is None or m[0] in a.models.split(",")]
+    supports = tuple(int(x) for x in a.supports.split(",")) if a.supports else SUPPORTS
+    report = run(a.out, a.overrides, folds=folds, models=models, supports=supports, split=a.split)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(report, indent=1))

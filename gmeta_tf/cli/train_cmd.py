@@ -77,20 +77,36 @@ def train(config_path, overrides, data, run_dir, algo, steps, resume, warm_start
 @click.option("--checkpoint", "which", default="best", show_default=True, metavar="best|latest|STEP",
               help="Which checkpoint: the best validation step (the latest if the run did not validate), "
                    "the latest, or a step number.")
+@click.option("--compare", "compare_runs", multiple=True, metavar="RUN",
+              help="Also pair this run's users with another run's (its eval_tasks.parquet, written by its own "
+                   "gmeta eval on the same split): the per-user difference with a 95% interval. Repeatable.")
 @friendly_errors
-def eval_cmd(run_dir, split, overrides, which):
-    """Adapt to each unseen task on its support set, score its query set."""
-    from gmeta_tf.evaluation.evaluate import evaluate, write_eval
-    from gmeta_tf.evaluation.report import format_table
+def eval_cmd(run_dir, split, overrides, which, compare_runs):
+    """Adapt to each unseen task on its support set, score its query set.
+
+    Next to the table: every metric's paired difference against each baseline (and each --compare
+    run) over the same users, with a bootstrap interval and a verdict: better, worse or can't tell.
+    """
+    from gmeta_tf.evaluation import paired
+    from gmeta_tf.evaluation.evaluate import evaluate_tasks, write_eval
+    from gmeta_tf.evaluation.per_task import load_for_comparison
+    from gmeta_tf.evaluation.report import format_paired, format_table
     from gmeta_tf.metaio.reader import load_schema
     from gmeta_tf.train.run_files import data_record
     from gmeta_tf.train.trainer import load_trained
 
     cfg, model, ckpt = load_trained(run_dir, overrides, checkpoint=which)
-    result = evaluate(model, cfg, cfg.meta.algo, split)
+    result, tasks = evaluate_tasks(model, cfg, cfg.meta.algo, split)
     result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
     # which data was scored, and with which checkpoint
     result["data"] = {**data_record(cfg.data.path, load_schema(cfg.data.path)), "checkpoint": ckpt.restored}
-    path = write_eval(run_dir, result)
+    others = {}
+    for other_run in compare_runs:  # all read (and refused) before anything is written
+        other = load_for_comparison(other_run, tasks)
+        others[other_run] = (other, other.named("model"))
+    result["paired"] = paired.report(tasks, tasks.named("model"), tasks.named("variant") + tasks.named("baseline"),
+                                     paired.Bootstrap.from_eval(cfg.eval), others)
+    path = write_eval(run_dir, result, tasks)
     click.echo(format_table([result]))
+    click.echo(format_paired(result["paired"]))
     click.echo(f"wrote {path}")

@@ -66,6 +66,12 @@ class PrepareConfig:
     # log count. They tell the model what a rare id's own embedding row cannot learn.
     target_encoding: List[str] = field(default_factory=list)
     target_encoding_prior: float = 5.0  # pseudo-count k of the global mean in the shrunk mean
+    # Cross-validation over tasks (``make quality``): ``folds`` = K > 0 deals the tasks (seeded, by
+    # task id) into K equal folds; fold ``fold`` is the test split, the next ``valid_frac`` of all
+    # tasks, taken from the following folds, the valid split, the rest train (``data/split.py``).
+    # ``test_frac`` is then unused. Preparing folds 0..K-1 makes every task a test task exactly once.
+    folds: int = 0
+    fold: int = 0
 
     def __post_init__(self) -> None:
         _require(
@@ -101,6 +107,12 @@ class PrepareConfig:
         )
         _require(self.shards >= 1, "prepare.shards", f"must be >= 1, got {self.shards}")
         _require(self.rows_per_group >= 1, "prepare.rows_per_group", "must be >= 1")
+        _require(self.folds == 0 or self.folds >= 2, "prepare.folds",
+                 f"must be 0 (a train / valid / test split by fractions) or >= 2 folds, got {self.folds}")
+        _require(0 <= self.fold < max(self.folds, 1), "prepare.fold",
+                 f"must be in 0..{max(self.folds, 1) - 1} (prepare.folds is {self.folds}), got {self.fold}")
+        _require(self.folds == 0 or self.valid_frac + 1.0 / self.folds < 1.0, "prepare.valid_frac",
+                 f"with {self.folds} folds, valid_frac + 1/folds must leave some tasks for training")
 
 
 @dataclass
@@ -156,6 +168,12 @@ class ModelConfig:
     # point prediction. Only the outer objective (the query loss of MAML, ERM's loss) uses it:
     # the inner loop keeps fitting a user's support with squared error.
     rating_loss: Literal["squared", "absolute"] = "squared"
+    # A ranking term added to the meta-learner's outer (query) loss, times ``ranking_loss_weight``:
+    # ``listnet`` (listwise) or ``pairwise`` (RankNet) on each task's query order, so training asks
+    # for the order a cold user is shown, which a pointwise loss does not (gmeta_tf/model/heads.py).
+    # ``none``: the pointwise loss alone. ERM's loss is unaffected.
+    ranking_loss: Literal["none", "listnet", "pairwise"] = "none"
+    ranking_loss_weight: float = 1.0
     # ``{table: N}``: keep at most N rows in that table (continuous training on ever newer ids).
     # After every step the least-updated rows beyond N go, with their optimizer slots
     # (``EmbeddingTable.evict``; TFRA's FrequencyRestrictPolicy counts the updates, and the counts
@@ -182,6 +200,7 @@ class ModelConfig:
             _require(isinstance(n, int) and n >= 1, f"model.max_rows.{name}", f"must be an integer >= 1, got {n!r}")
         _require(self.embedding_dim >= 1, "model.embedding_dim", "must be >= 1")
         _require(self.embedding_l2 >= 0, "model.embedding_l2", f"must be >= 0, got {self.embedding_l2}")
+        _require(self.ranking_loss_weight >= 0, "model.ranking_loss_weight", f"must be >= 0, got {self.ranking_loss_weight}")
         for key in ("bottom_mlp", "top_mlp"):
             sizes = getattr(self, key)
             _require(all(int(s) >= 1 for s in sizes), f"model.{key}", f"layer sizes must be >= 1, got {sizes}")
@@ -316,6 +335,11 @@ class EvalConfig:
     # Ranking view (p_at_5, ndcg_at_5): a rated query item is relevant when its rating is >= this
     # (clicks: label 1).
     relevance_threshold: float = 4.0
+    # Paired comparisons in ``gmeta eval`` (model − baseline per user, gmeta_tf/evaluation/paired.py):
+    # a percentile bootstrap over users with this many resamples, confidence level and seed.
+    bootstrap_resamples: int = 2000
+    bootstrap_confidence: float = 0.95
+    bootstrap_seed: int = 0
 
     def __post_init__(self) -> None:
         _require(self.adapt_steps is None or self.adapt_steps >= 1, "eval.adapt_steps", "must be >= 1")
@@ -326,6 +350,10 @@ class EvalConfig:
         _require(self.baseline_shrinkage >= 0, "eval.baseline_shrinkage", "must be >= 0")
         _require(self.baseline_user_shrinkage >= 0, "eval.baseline_user_shrinkage", "must be >= 0")
         _require(math.isfinite(self.relevance_threshold), "eval.relevance_threshold", "must be a finite number")
+        _require(self.bootstrap_resamples >= 100, "eval.bootstrap_resamples",
+                 f"must be >= 100 (a percentile interval from fewer is mostly noise), got {self.bootstrap_resamples}")
+        _require(0 < self.bootstrap_confidence < 1, "eval.bootstrap_confidence",
+                 f"must be in (0, 1), e.g. 0.95, got {self.bootstrap_confidence}")
 
 
 @dataclass

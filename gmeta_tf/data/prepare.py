@@ -64,7 +64,8 @@ def prepare(inputs: Sequence[str], out: str, cfg: PrepareConfig, overwrite: bool
     sizes = np.bincount(task, minlength=used.size)
     kept, dropped = filter_tasks(sizes, cfg.min_task_size, cfg.max_task_size)
     layout = assign_splits(
-        np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards, cfg.seed, dropped
+        np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards, cfg.seed, dropped,
+        folds=cfg.folds, fold=cfg.fold,
     )
     n_tasks = int(layout.order.size)
     task_rank = np.full(used.size, -1, dtype=np.int64)
@@ -208,6 +209,7 @@ def _schema(
                                      train_rows.size) for c in m.multi_hot},
         },
         "support_query": {"query": cfg.query, "max_support": cfg.max_support, "split_by": cfg.split_by},
+        **({"folds": {"folds": cfg.folds, "fold": cfg.fold, "seed": cfg.seed}} if cfg.folds else {}),
         "splits": split_info,
         "summary": summary,
     }

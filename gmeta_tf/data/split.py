@@ -4,7 +4,9 @@ Why a module of its own: these are the decisions that make the evaluation honest
 easy to get subtly wrong, so they live in small pure functions over numpy arrays:
 
 * tasks are assigned to train/valid/test **by task** (a test user never appears in train), from
-  the sorted task ids and the seed, so the assignment does not depend on input row order;
+  the sorted task ids and the seed, so the assignment does not depend on input row order; with
+  ``folds`` (cross-validation) the shuffled tasks are cut into K folds and fold k is the test
+  split (``fold_parts``), so the K preparations test every task exactly once;
 * within a split, tasks are shuffled and dealt round-robin to shards, so every shard gets a
   similar number of tasks and rank ``r`` of ``n`` reads disjoint ones;
 * ``split_by=time``: the **last** ``query`` samples are the query (we predict the future from
@@ -41,6 +43,16 @@ class SplitLayout:
     counts: Dict[str, int]  # tasks per split
 
 
+def fold_parts(shuffled: np.ndarray, folds: int, fold: int, n_valid: int) -> Dict[str, np.ndarray]:
+    """Cross-validation fold ``fold`` of ``folds`` over the (already shuffled) tasks: the folds are
+    consecutive chunks of equal size (±1); fold ``fold`` is test, the first ``n_valid`` tasks of the
+    folds after it (fold + 1, fold + 2, ... cyclically) are valid, the rest train. While ``n_valid``
+    fits in one fold, the valid sets of different folds are disjoint as well."""
+    chunks = np.array_split(shuffled, folds)
+    rest = np.concatenate([chunks[(fold + i) % folds] for i in range(1, folds)])
+    return {"train": rest[n_valid:], "valid": rest[:n_valid], "test": chunks[fold]}
+
+
 def assign_splits(
     task_codes: np.ndarray,
     task_names: np.ndarray,
@@ -49,6 +61,8 @@ def assign_splits(
     shards: int,
     seed: int,
     dropped: Optional[Dict[str, int]] = None,
+    folds: int = 0,
+    fold: int = 0,
 ) -> SplitLayout:
     k = int(task_codes.size)
     if k == 0:
@@ -58,7 +72,11 @@ def assign_splits(
     by_name = task_codes[np.argsort(task_names[task_codes].astype(str), kind="stable")]
     rng = np.random.default_rng([seed, 0x5917])
     shuffled = by_name[rng.permutation(k)]
-    n_test = int(round(k * test_frac))
+    if folds:
+        test_frac = 1.0 / folds
+        n_test = int(np.array_split(np.arange(k), folds)[fold].size)
+    else:
+        n_test = int(round(k * test_frac))
     n_valid = int(round(k * valid_frac))
     n_train = k - n_test - n_valid
     sizes = {"train": n_train, "valid": n_valid, "test": n_test}
@@ -77,8 +95,11 @@ def assign_splits(
                 f"use fewer shards or more data"
             )
     order, ranges = [], {}
-    parts = {"train": shuffled[:n_train], "valid": shuffled[n_train:n_train + n_valid],
-             "test": shuffled[n_train + n_valid:]}
+    if folds:
+        parts = fold_parts(shuffled, folds, fold, n_valid)
+    else:
+        parts = {"train": shuffled[:n_train], "valid": shuffled[n_train:n_train + n_valid],
+                 "test": shuffled[n_train + n_valid:]}
     pos = 0
     for name in fmt.SPLITS:
         tasks = parts[name]

@@ -42,3 +42,16 @@ def format_table(results: List[Dict]) -> str:
         lines.append([key, *vals])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in lines)
+
+
+def format_paired(paired: Dict) -> str:
+    """``eval.json``'s ``paired`` section as one table: a row per comparison and metric with the
+    difference, its interval and the verdict (``better`` / ``worse`` / ``can't tell``)."""
+    lines = [["comparison", "metric", "diff", f"{paired['confidence']:.0%} interval", "verdict"]]
+    for name, metrics in paired["comparisons"].items():
+        for m, r in metrics.items():
+            lines.append([name, m, f"{r['diff']:+.4f}", f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]", r["verdict"]])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    head = (f"paired differences (model - other) over {paired['users']} users: {paired['method']}, "
+            f"{paired['resamples']} resamples, seed {paired['seed']}")
+    return head + "\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)

@@ -29,7 +29,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.embedding.lookup import FeatureRows, SparseState
-from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, task_losses
+from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, outer_losses
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.model.heads import per_sample_loss
 
@@ -72,7 +72,7 @@ def maml_objective(model: DLRM, spec: InnerLoopSpec, params: Mapping[str, tf.Ten
     num_tasks = tf.shape(batch["task_mask"])[0]
     fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks, params)
     fast = adapt(model, fast, batch, spec)
-    q = task_losses(model, fast, batch, "query", model.outer_loss)
+    q = outer_losses(model, fast, batch)
     tm = batch["task_mask"]
     return tf.reduce_sum(q * tm) / tf.maximum(tf.reduce_sum(tm), 1.0) + embedding_penalty(model, sparse, batch)
 

@@ -24,7 +24,7 @@ import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ConfigError, MetaConfig
 from gmeta_tf.embedding.lookup import SparseState
 from gmeta_tf.model.adaptable import AdaptableModel
-from gmeta_tf.model.heads import per_task_loss
+from gmeta_tf.model.heads import per_task_loss, per_task_ranking_loss
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,20 @@ def task_losses(model: AdaptableModel, fast: FastWeights, batch: dict, which: st
     scores = model.tower.forward(fast.dense, part["dense"], fast.sparse.embed(which))
     labels = model.scale_labels(part["label"])
     return per_task_loss(model.kind, scores, labels, part["mask"], rating_loss)
+
+
+def outer_losses(model: AdaptableModel, fast: FastWeights, batch: dict) -> tf.Tensor:
+    """Per-task outer objective ``[T]`` on the query under the adapted ``fast`` weights: the
+    model's pointwise ``outer_loss`` plus ``model.ranking_loss_weight`` × its ranking loss on the
+    task's query order (``heads.per_task_ranking_loss``; ``model.ranking_loss: none`` adds 0)."""
+    part = batch["query"]
+    scores = model.tower.forward(fast.dense, part["dense"], fast.sparse.embed("query"))
+    labels = model.scale_labels(part["label"])
+    loss = per_task_loss(model.kind, scores, labels, part["mask"], model.outer_loss)
+    how, weight = getattr(model, "ranking_loss", ("none", 0.0))
+    if how != "none" and weight:
+        loss += weight * per_task_ranking_loss(how, scores, labels, part["mask"])
+    return loss
 
 
 def adapt(model: AdaptableModel, fast: FastWeights, batch: dict, spec: InnerLoopSpec) -> FastWeights:

@@ -15,7 +15,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.embedding.lookup import SparseState
-from gmeta_tf.meta.inner_loop import FastWeights, InnerLoopSpec, adapt, task_losses
+from gmeta_tf.meta.inner_loop import FastWeights, InnerLoopSpec, adapt, outer_losses
 from gmeta_tf.model.dlrm import DLRM
 
 
@@ -41,7 +41,7 @@ def maml_loss_task_loop(model: DLRM, meta: MetaConfig, batch: dict, num_tasks: i
         sub = _task_slice(batch, t)
         fast = FastWeights(dict(model.dense_variables), _task_sparse(sparse, t))
         fast = adapt(model, fast, sub, spec)
-        total += task_losses(model, fast, sub, "query", model.outer_loss)[0] * batch["task_mask"][t]
+        total += outer_losses(model, fast, sub)[0] * batch["task_mask"][t]
     return total / tf.maximum(tf.reduce_sum(batch["task_mask"]), 1.0)
 
 
@@ -66,7 +66,7 @@ def maml_loss_task_while_loop(model: DLRM, meta: MetaConfig, batch: dict) -> tf.
             for f, r in zip(sparse.features, rows)
         ])
         fast = adapt(model, FastWeights(dense, task_sparse), sub, spec)
-        return t + 1, total + task_losses(model, fast, sub, "query", model.outer_loss)[0] * batch["task_mask"][t]
+        return t + 1, total + outer_losses(model, fast, sub)[0] * batch["task_mask"][t]
 
     _, total = tf.while_loop(lambda t, _: t < num_tasks, body, (tf.constant(0), tf.constant(0.0)))
     return total / tf.maximum(tf.reduce_sum(batch["task_mask"]), 1.0)

@@ -52,6 +52,8 @@ class DLRM(TowerModel):
         self.label_mean, self.label_std = label_scaling(schema)
         # The training objective's loss on query (MAML) or all (ERM) samples; see heads.py.
         self.outer_loss: str = cfg.rating_loss
+        # A term on each task's query order added to the meta objective (heads.per_task_ranking_loss).
+        self.ranking_loss = (cfg.ranking_loss, float(cfg.ranking_loss_weight))
 
     @property
     def tables(self) -> List[Table]:
