@@ -176,6 +176,13 @@ class ModelConfig:
     # ``auto``: per_ps where the tables are on parameter servers, per_table in one process
     # (no round trips to save there; make bench measured it level: 0.93-1.06x in five runs).
     ps_requests: Literal["auto", "per_table", "per_ps"] = "auto"
+    # Fused tables (embedding/fused.py): the tables on the same PS list (or the one process)
+    # with the same dim are the members of one TFRA table whose keys carry the table's slot in
+    # their top bits, so a step's hash-table ops are per fused table, not per feature. Config,
+    # the planner, checkpoint files, warm start and export still see one table per feature.
+    # ``auto``: fused (measured faster in one process and on PS, docs/profile.md); true / false
+    # force it. Tables with max_rows, init_rows: all or a column split are never fused.
+    fuse_tables: Union[bool, Literal["auto"]] = "auto"
 
     def __post_init__(self) -> None:
         for name, n in self.max_rows.items():
@@ -190,6 +197,8 @@ class ModelConfig:
                  f"must be one of missing, all, got {self.init_rows!r}")
         _require(self.ps_requests in ("auto", "per_table", "per_ps"), "model.ps_requests",
                  f"must be one of auto, per_table, per_ps, got {self.ps_requests!r}")
+        _require(self.fuse_tables in ("auto", True, False), "model.fuse_tables",
+                 f"must be one of auto, true, false, got {self.fuse_tables!r}")
 
 
 @dataclass
