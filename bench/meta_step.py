@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 import gmeta_tf  # noqa: F401
@@ -46,13 +47,16 @@ class TaskLoopStep(TrainStep):
 
 def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = 4) -> Dict[str, float]:
     """tasks/s of each step, measured in interleaved rounds (median over rounds): on a shared
-    2-core box the load drifts, and interleaving puts every variant under the same drift."""
-    for step in steps.values():
-        step.step(batches[0])  # trace + compile
+    2-core box the load drifts, and interleaving puts every variant under the same drift.
+    ``batches``: one list for all steps, or ``{step name: list}`` (steps on different data)."""
+    mine = batches if isinstance(batches, dict) else {name: batches for name in steps}
+    for name, step in steps.items():
+        step.step(mine[name][0])  # trace + compile
     per_round: Dict[str, List[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
             n, t0 = 0, time.perf_counter()
+            batches = mine[name]
             while True:
                 out = step.step(batches[n % len(batches)])
                 n += 1
@@ -120,12 +124,39 @@ def _jit_keys(rates: Dict[str, float], default: str) -> Dict[str, float]:
             "jit_speedup": rates["jit"] / rates["nojit"], "jit_default": default == "jit"}
 
 
-def measure_model_key(cfg: Config, key: str, values: Sequence[str], seconds: float = 8.0) -> Dict[str, float]:
+def measure_model_key(cfg: Config, key: str, values: Sequence, seconds: float = 8.0,
+                      labels: Sequence[str] = ()) -> Dict[str, float]:
     """The vectorized step (the config's default compilation) under each value of ``model.<key>``,
-    side by side: ``tasks_per_s_<value>`` each, ``speedup_<first>_over_<second>``."""
+    side by side: ``tasks_per_s_<label>`` each, ``speedup_<first>_over_<second>`` (``labels``:
+    the values' names in the keys, by default the values themselves)."""
     schema = load_schema(cfg.data.path)
     variant = "jit" if jit_enabled(cfg.meta) else "nojit"
-    steps = {v: _step(replace(cfg, model=replace(cfg.model, **{key: v})), schema, variant) for v in values}
+    labels = list(labels) or [str(v) for v in values]
+    steps = {lab: _step(replace(cfg, model=replace(cfg.model, **{key: v})), schema, variant)
+             for lab, v in zip(labels, values)}
     rates = _rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
-    return {**{f"tasks_per_s_{v}": rates[v] for v in values},
-            f"speedup_{values[0]}_over_{values[1]}": rates[values[0]] / rates[values[1]]}
+    return {**{f"tasks_per_s_{lab}": rates[lab] for lab in labels},
+            f"speedup_{labels[0]}_over_{labels[1]}": rates[labels[0]] / rates[labels[1]]}
+
+
+def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: float = 8.0) -> Dict[str, Dict]:
+    """Step time against the number of tables of one width: the data's features copied 1, 2, 4
+    times (7, 14, 28 tables on the bench's data, ``bench/features.py``), each fused and per
+    table, all six interleaved in one process. ``{tables: {tasks_per_s_fused, ..._per_table,
+    speedup_fused_over_per_table, tasks_per_s}}`` (``tasks_per_s``: fused, the default)."""
+    from bench.features import widen
+
+    variant = "jit" if jit_enabled(cfg.meta) else "nojit"
+    steps, batches, tables = {}, {}, {}
+    for k in copies:
+        path = cfg.data.path if k == 1 else widen(cfg.data.path, k, str(Path(cfg.data.path).parent.parent / f"features-x{k}"))
+        c = replace(cfg, data=replace(cfg.data, path=path))
+        schema = load_schema(path)
+        tables[k] = len(schema["categorical"]) + len(schema["multi_hot"])
+        for label, fuse in (("fused", True), ("per_table", False)):
+            steps[(k, label)] = _step(replace(c, model=replace(c.model, fuse_tables=fuse)), schema, variant)
+            batches[(k, label)] = _batches(c)
+    rates = _rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    return {str(tables[k]): {"tasks_per_s_fused": rates[(k, "fused")], "tasks_per_s_per_table": rates[(k, "per_table")],
+                             "speedup_fused_over_per_table": rates[(k, "fused")] / rates[(k, "per_table")],
+                             "tasks_per_s": rates[(k, "fused")]} for k in copies}
