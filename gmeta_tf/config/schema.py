@@ -170,8 +170,8 @@ class ModelConfig:
     # How a step's lookups and optimizer applies reach the PS. ``per_ps``: one request per PS
     # (and row width) for all the tables it holds, the PS finding, filling and updating the rows
     # itself (embedding/ps_requests.py): the same tables, files and step, 14 RPCs a step instead
-    # of 214 at the quickstart's 7 tables on 2 PS. Tables with max_rows, init_rows: all, a column
-    # split or a hot tier keep TFRA's path. ``per_table``: TFRA's own for every table, one find
+    # of 214 at the quickstart's 7 tables on 2 PS. Tables with max_rows, init_rows: all or a column
+    # split keep TFRA's path (a hot tier's cold rows go in the request). ``per_table``: TFRA's own for every table, one find
     # per table and shard, a find and an insert per table, shard and slot table on the apply.
     # ``auto``: per_ps where the tables are on parameter servers, per_table in one process
     # (no round trips to save there; make bench measured it level: 0.93-1.06x in five runs).

@@ -117,11 +117,11 @@ class FusedTable(EmbeddingTable):
         """Rows of each (member, unique real ids) part: one find for all (per shard), and for a
         trainable lookup one shadow holding all of them (what the tape differentiates and the
         optimizer applies). Missing ids get their member's initial rows, as in ``EmbeddingTable``."""
-        keys = tf.concat([m.encode(ids) for m, ids in parts], axis=0)
+        keys = self.codec.encode_parts([m.slot for m, _ in parts], [ids for _, ids in parts])
         sizes = [tf.shape(ids)[0] for _, ids in parts]
         train = de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN
         if trainable and train:
-            ids = tf.concat([ids for _, ids in parts], axis=0)
+            ids = tf.concat([ids for _, ids in parts], axis=0) if len(parts) > 1 else parts[0][1]
             with tf.name_scope("shadow_embedding_lookup"):  # TFRA's own scope: the profile's buckets
                 found, exists = self.variable.lookup(keys, return_exists=True)
             self.record(keys, ids, exists)
@@ -133,7 +133,8 @@ class FusedTable(EmbeddingTable):
         else:
             rows, exists = self.variable.lookup(keys, return_exists=True)
             rows = rows * tf.cast(exists, rows.dtype)[:, None]
-        return tf.split(tf.reshape(rows, [-1, self.dim]), sizes, num=len(parts))
+        rows = tf.reshape(rows, [-1, self.dim])
+        return tf.split(rows, sizes, num=len(parts)) if len(parts) > 1 else [rows]
 
     def record(self, keys: tf.Tensor, ids: tf.Tensor, exists: Optional[tf.Tensor] = None, shard: Optional[int] = None):
         """Record the logical id of each new key (``exists`` false; every key when None) whose id

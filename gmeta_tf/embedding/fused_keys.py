@@ -46,7 +46,7 @@ slot tables the same function.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -85,17 +85,29 @@ class KeyCodec:
         self.members = members
 
     # -- TensorFlow (the step) ---------------------------------------------------------------
-    def encode(self, slot: int, ids: tf.Tensor) -> tf.Tensor:
-        """Keys of member ``slot``'s ``ids`` (int64, >= 0)."""
-        if not 0 <= slot < self.members:
-            raise ValueError(f"slot {slot} is not a member (0..{self.members - 1})")
+    def encode(self, slot: Union[int, tf.Tensor], ids: tf.Tensor) -> tf.Tensor:
+        """Keys of member ``slot``'s ``ids`` (int64, >= 0); ``slot`` may be a tensor, one per id
+        (several members' ids encoded at once: ``encode_parts``)."""
+        if isinstance(slot, int):
+            if not 0 <= slot < self.members:
+                raise ValueError(f"slot {slot} is not a member (0..{self.members - 1})")
+            field = tf.constant(slot << self.p, tf.int64)
+        else:
+            field = tf.bitwise.left_shift(tf.cast(slot, tf.int64), tf.constant(self.p, tf.int64))
         ids = tf.cast(ids, tf.int64)
         hi = tf.bitwise.right_shift(ids, tf.constant(self.p, tf.int64))
         mixed = tf.bitwise.bitwise_and(tf.bitcast(splitmix64(tf.bitcast(hi, tf.uint64)), tf.int64),
                                        tf.constant(self.mask, tf.int64))
         low = tf.bitwise.bitwise_and(ids, tf.constant(self.mask, tf.int64))
         fold = tf.where(hi > 0, tf.bitwise.bitwise_xor(low, mixed), low)
-        return tf.bitwise.bitwise_or(fold, tf.constant(slot << self.p, tf.int64))
+        return tf.bitwise.bitwise_or(fold, field)
+
+    def encode_parts(self, slots: Sequence[int], ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The keys of several members' ids, concatenated in order, encoded in one pass."""
+        if len(ids) == 1:
+            return self.encode(slots[0], ids[0])
+        per_id = tf.repeat(tf.constant(list(slots), tf.int64), [tf.shape(i)[0] for i in ids])
+        return self.encode(per_id, tf.concat(ids, axis=0))
 
     def recorded(self, ids: tf.Tensor) -> tf.Tensor:
         """Whether each id's key needs the id recorded to decode (it is 2^P or more)."""

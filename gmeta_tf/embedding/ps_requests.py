@@ -27,8 +27,8 @@ shadow's gradient is only meaningful for the ids its step looked up (TFRA's shad
 works the same way, hazard 3 in docs/architecture.md). A table is served here only where its
 semantics are the per-table path's exactly (``serves``), ``bp_v2`` included (the apply adds
 deltas, as TFRA's does). A table with counted rows (``model.max_rows``: TFRA's apply also
-counts them) or ``init_rows: all`` keeps TFRA's path, as does every hot/cold table and every
-column-split table (its blocks are looked up by the split table itself).
+counts them) or ``init_rows: all`` keeps TFRA's path, as does every column-split table (its
+blocks are looked up by the split table itself); a hot/cold table's cold rows are its base's.
 
 **Fused tables** (``fused.py``). A request's ids are logical ids, cut by shard with the
 fused table's partition function; on the PS the ids of every member of one fused table and
@@ -180,7 +180,7 @@ class PsRequests:
         rank = {id(p): r for r, p in reversed(list(enumerate(phys)))}  # first appearance
         order = sorted(range(len(tables)), key=lambda k: rank[id(phys[k])])  # stable: parts of a table together
         cuts: Dict[int, _Cut] = {}
-        keys = {k: tables[k].encode(ids[k]) if isinstance(tables[k], FusedMember) else ids[k] for k in order}
+        keys = _keys(tables, ids, phys, order)
         entries = []
         with tf.name_scope(LOOKUP_SCOPE):
             for pos, k in enumerate(order):
@@ -237,7 +237,7 @@ class PsRequests:
                 gids = [ids[m] for m in g.members]
                 logical = tf.concat(gids, 0) if len(gids) > 1 else gids[0]
                 if isinstance(g.phys, FusedTable):
-                    g.keys = tf.concat([o.encode(i) for o, i in zip(owners_, gids)], 0)
+                    g.keys = g.phys.codec.encode_parts([o.slot for o in owners_], gids)
                     key = initial_rows.row_keys([o.row_key for o in owners_], [tf.shape(i)[0] for i in gids])
                 else:
                     g.keys, key = logical, g.phys.row_key
@@ -302,6 +302,18 @@ class PsRequests:
             _write(g.phys.variable, g.shard, g.keys, rows[i], values[i], g.exists)
             for s in slots:
                 _write(self._slots[g.phys.name][s], g.shard, g.keys, old[s][i][0], slots[s][i], old[s][i][1])
+
+
+def _keys(tables: Sequence, ids: Sequence[tf.Tensor], phys: Sequence, order: Sequence[int]) -> Dict[int, tf.Tensor]:
+    """Each lookup part's physical keys: its ids, or a fused member's encoded keys (the parts of
+    one fused table encoded in one pass, then split)."""
+    out = {k: ids[k] for k in order if not isinstance(tables[k], FusedMember)}
+    for p in {id(q): q for q in phys if isinstance(q, FusedTable)}.values():
+        ks = [k for k in order if phys[k] is p]
+        keys = p.codec.encode_parts([tables[k].slot for k in ks], [ids[k] for k in ks])
+        parts = tf.split(keys, [tf.shape(ids[k])[0] for k in ks], num=len(ks)) if len(ks) > 1 else [keys]
+        out.update(zip(ks, parts))
+    return out
 
 
 def _find(var, shard: int, ids: tf.Tensor, default: float) -> Tuple[tf.Tensor, tf.Tensor]:
