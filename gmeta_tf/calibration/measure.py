@@ -47,10 +47,11 @@ def _all_vars(emb, opts):
     return [v for t in emb.storage() for v in t.variables(opts.for_shadow(t.shadow))]
 
 
-def _create(dims: List[int], capacity: List[int], namespace: str):
+def _create(dims: List[int], capacity: List[int], namespace: str, fuse: bool = True):
     """The tables as a worker lays them out on one PS: the tables of one dim are the members of
-    one fused table (``model.fuse_tables: auto``; ``embedding.collection.create_tables``), and the
-    step reaches the PS with one request (``model.ps_requests: auto`` with PS tables)."""
+    one fused table (``model.fuse_tables: auto``; ``embedding.collection.create_tables``; ``fuse``
+    false: one TFRA table each), and the step reaches the PS with one request
+    (``model.ps_requests: auto`` with PS tables)."""
     from gmeta_tf.embedding.collection import Embeddings, create_tables
     from gmeta_tf.embedding.optimizers import TableOptimizers
 
@@ -59,7 +60,7 @@ def _create(dims: List[int], capacity: List[int], namespace: str):
         ks = [k for k, d in enumerate(dims) if d == dim]
         made = create_tables([names[k] for k in ks], int(dim), namespace=namespace, ps_tasks=1, placement={},
                              init_stddev=0.01, seed=ks[0], bp_v2=True,
-                             expected_rows={names[k]: int(capacity[k]) for k in ks}, fuse=True)
+                             expected_rows={names[k]: int(capacity[k]) for k in ks}, fuse=fuse)
         for k, t in zip(ks, made):
             tables[k] = t
     emb = Embeddings(tables, names, [], ps_requests="per_ps")
@@ -116,11 +117,11 @@ def ps_cpu_ns(pid: int) -> int:
 class Config:
     """One table set on the PS: its tables, created and traced once, measured per variant."""
 
-    def __init__(self, dims: List[int], namespace: str, capacity: Optional[List[int]] = None):
+    def __init__(self, dims: List[int], namespace: str, capacity: Optional[List[int]] = None, fuse: bool = True):
         """``capacity``: rows to pre-size each table for, as the trainer pre-sizes from the
         data's cardinality (``tables.initial_capacity``): a cuckoo table that grows mid-step
         rehashes, a cost training does not pay."""
-        self.emb, self.opts = _create(dims, capacity or [DEFAULT_CAPACITY] * len(dims), namespace)
+        self.emb, self.opts = _create(dims, capacity or [DEFAULT_CAPACITY] * len(dims), namespace, fuse)
         self.step = _step_fn(self.emb)
 
     def measure(self, v: Dict, job: Dict, seed: int) -> Dict:
@@ -171,7 +172,7 @@ def main(job_path: str, out_path: str) -> None:
     Config([8], f"calib{os.getpid()}w").measure(tiny, {**job, "warmup": 2, "steps": 1, "min_seconds": 0}, 0)
     built = []
     for i, c in enumerate(job["configs"]):
-        built.append(Config(c["dims"], f"calib{os.getpid()}c{i}", c.get("capacity")))
+        built.append(Config(c["dims"], f"calib{os.getpid()}c{i}", c.get("capacity"), c.get("fuse", True)))
         for v in c["variants"]:
             emit({**built[-1].measure(v, job, int(v.get("seed", 0))), "pass": 0})
     for p in range(1, int(job.get("passes", 1))):
