@@ -49,13 +49,20 @@ def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: in
     """tasks/s of each step, measured in interleaved rounds (median over rounds): on a shared
     2-core box the load drifts, and interleaving puts every variant under the same drift.
     ``batches``: one list for all steps, or ``{step name: list}`` (steps on different data)."""
+    return _wall_and_cpu_rates(steps, batches, seconds, T, rounds)[0]
+
+
+def _wall_and_cpu_rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = 4):
+    """``_rates`` and, per step, tasks per second of this process's CPU time (every thread's):
+    the step's work, which other processes' load on a shared box changes far less than wall time."""
     mine = batches if isinstance(batches, dict) else {name: batches for name in steps}
     for name, step in steps.items():
         step.step(mine[name][0])  # trace + compile
     per_round: Dict[str, List[float]] = {name: [] for name in steps}
+    cpu_round: Dict[str, List[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            n, t0 = 0, time.perf_counter()
+            n, t0, c0 = 0, time.perf_counter(), time.process_time()
             batches = mine[name]
             while True:
                 out = step.step(batches[n % len(batches)])
@@ -65,7 +72,9 @@ def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: in
                     break
             out["loss"].numpy()
             per_round[name].append(n * T / (time.perf_counter() - t0))
-    return {name: statistics.median(r) for name, r in per_round.items()}
+            cpu_round[name].append(n * T / max(time.process_time() - c0, 1e-9))
+    return ({name: statistics.median(r) for name, r in per_round.items()},
+            {name: statistics.median(r) for name, r in cpu_round.items()})
 
 
 def _step(cfg: Config, schema, variant: str):
@@ -134,16 +143,19 @@ def measure_model_key(cfg: Config, key: str, values: Sequence, seconds: float = 
     labels = list(labels) or [str(v) for v in values]
     steps = {lab: _step(replace(cfg, model=replace(cfg.model, **{key: v})), schema, variant)
              for lab, v in zip(labels, values)}
-    rates = _rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
+    rates, cpu = _wall_and_cpu_rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
     return {**{f"tasks_per_s_{lab}": rates[lab] for lab in labels},
-            f"speedup_{labels[0]}_over_{labels[1]}": rates[labels[0]] / rates[labels[1]]}
+            f"speedup_{labels[0]}_over_{labels[1]}": rates[labels[0]] / rates[labels[1]],
+            **{f"tasks_per_cpu_s_{lab}": cpu[lab] for lab in labels},
+            f"cpu_speedup_{labels[0]}_over_{labels[1]}": cpu[labels[0]] / cpu[labels[1]]}
 
 
-def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: float = 8.0) -> Dict[str, Dict]:
+def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: float = 16.0) -> Dict[str, Dict]:
     """Step time against the number of tables of one width: the data's features copied 1, 2, 4
     times (7, 14, 28 tables on the bench's data, ``bench/features.py``), each fused and per
     table, all six interleaved in one process. ``{tables: {tasks_per_s_fused, ..._per_table,
-    speedup_fused_over_per_table, tasks_per_s}}`` (``tasks_per_s``: fused, the default)."""
+    speedup_fused_over_per_table, tasks_per_s}}`` (``tasks_per_s``: fused, the default), and
+    the same per second of CPU time (``tasks_per_cpu_s_*``, ``cpu_speedup_*``)."""
     from bench.features import widen
 
     variant = "jit" if jit_enabled(cfg.meta) else "nojit"
@@ -156,7 +168,10 @@ def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: fl
         for label, fuse in (("fused", True), ("per_table", False)):
             steps[(k, label)] = _step(replace(c, model=replace(c.model, fuse_tables=fuse)), schema, variant)
             batches[(k, label)] = _batches(c)
-    rates = _rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
     return {str(tables[k]): {"tasks_per_s_fused": rates[(k, "fused")], "tasks_per_s_per_table": rates[(k, "per_table")],
                              "speedup_fused_over_per_table": rates[(k, "fused")] / rates[(k, "per_table")],
-                             "tasks_per_s": rates[(k, "fused")]} for k in copies}
+                             "tasks_per_s": rates[(k, "fused")],
+                             "tasks_per_cpu_s_fused": cpu[(k, "fused")], "tasks_per_cpu_s_per_table": cpu[(k, "per_table")],
+                             "cpu_speedup_fused_over_per_table": cpu[(k, "fused")] / cpu[(k, "per_table")]}
+            for k in copies}
