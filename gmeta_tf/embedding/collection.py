@@ -5,7 +5,9 @@ this class. Its life, in the order ``assemble`` (and before it ``create_tables``
 
 1. **create** (``create_tables``): one TFRA table per feature, each named deterministically
    (``naming.py``) and placed (``devices.py``): row-sharded over every PS, on the PS subset of
-   ``cluster.placement``, or cut into column blocks (``column_split.py``);
+   ``cluster.placement``, or cut into column blocks (``column_split.py``); with
+   ``model.fuse_tables`` the tables that share devices and a dim are the members of one fused
+   TFRA table (``fused.py``), each still a table of its own name;
 2. **hot tier** (``add_hot_tier``): with ``hot.budget > 0`` the hottest rows of each table move
    to worker-local variables (``hot_cold.py``, ``hot/``); the table list then holds the
    hot/cold tables in place of the plain ones. Done before the slots, whose tables it reads;
@@ -83,9 +85,9 @@ def create_tables(names: Sequence[str], dim: int, *, namespace: str, ps_tasks: i
         keys.append(None if isinstance(spec, ColumnSplit) or not fuse else
                     fused.group_key(table_devices(ps_tasks, spec), dim, name in counted, init_rows))
     for idx in fused.groups(keys):
-        group = fused.FusedTable([(names[i], seed + i) for i in idx], dim, table_devices(ps_tasks, placement.get(names[idx[0]])),
-                                 namespace, init_stddev, bp_v2=bp_v2,
-                                 expected_rows=sum(expected_rows.get(names[i], 0) for i in idx))
+        devices = table_devices(ps_tasks, placement.get(names[idx[0]]))
+        group = fused.FusedTable([(names[i], seed + i) for i in idx], dim, devices, namespace, init_stddev,
+                                 bp_v2=bp_v2, expected_rows=sum(expected_rows.get(names[i], 0) for i in idx))
         for i, member in zip(idx, group.members):
             tables[i] = member
     for i, name in enumerate(names):

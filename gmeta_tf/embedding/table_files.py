@@ -71,11 +71,6 @@ def files_of(tables: Sequence, emb_opt) -> Dict[str, object]:
     return out
 
 
-def write_tables(checkpoint_dir: str, variables: Dict[str, object]) -> Dict[str, int]:
-    """Export every variable to its file under ``checkpoint_dir/tables``; rows per key."""
-    return write_rows(checkpoint_dir, ((key, *export_variable(var)) for key, var in variables.items()))
-
-
 def write_rows(checkpoint_dir: str, rows: Iterable[Tuple[str, np.ndarray, np.ndarray]]) -> Dict[str, int]:
     """Write each ``(file key, keys, values)`` to its file under ``checkpoint_dir/tables`` (each
     written whole: ``storage.write_bytes``); returns the rows written per key (``meta.json``
