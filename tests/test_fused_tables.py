@@ -159,6 +159,23 @@ def test_collision_rate_measured_on_movielens_and_63_bit_ids():
 
 
 @pytest.mark.fast
+def test_only_tables_placed_alike_fuse():
+    """The planner's placement stays: tables fuse only with tables on the same PS list (and dim);
+    column-split, bounded (max_rows) and init_rows: all tables never fuse."""
+    from gmeta_tf.embedding.devices import table_devices
+    from gmeta_tf.embedding.fused import group_key, groups
+
+    placement = {"item_id": [0, 1], "user_city": [1], "hour": [1], "item_category": [0], "user_segment": [0],
+                 "device": None, "bounded": [0]}
+    names = list(placement)
+    keys = [group_key(table_devices(2, placement[n]), 16, n == "bounded", "missing") for n in names]
+    assert sorted(sorted(names[i] for i in g) for g in groups(keys)) == [
+        ["device", "item_id"], ["hour", "user_city"], ["item_category", "user_segment"]]
+    assert group_key(table_devices(2, [0]), 16, False, "all") is None
+    assert groups([group_key(table_devices(2, [0]), d, False, "missing") for d in (8, 16)]) == []
+
+
+@pytest.mark.fast
 def test_config_key_is_validated():
     assert config_from_dict({}).model.fuse_tables == "auto"
     assert config_from_dict({"model": {"fuse_tables": False}}).model.fuse_tables is False
