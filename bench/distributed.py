@@ -72,6 +72,25 @@ def measure(data: str, work: Path, log=print, sets: Sequence[str] = ()) -> Dict[
     }
 
 
+def measure_ab(data: str, work: Path, variants: Dict[str, Sequence[str]], rounds: int = 2,
+               workers: int = 2, ps: int = 2) -> Dict[str, float]:
+    """Aggregate tasks/s of ``workers`` x ``ps`` ``gmeta launch local`` runs of each variant
+    (name -> ``--set`` overrides), alternating (A, B, A, B: outside load hits both alike), the
+    median over ``rounds``: ``tasks_per_s_<name>`` each and every run's figure."""
+    import statistics
+
+    from launch.local_cluster import launch_local
+
+    got: Dict[str, List[float]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for name, sets in variants.items():
+            out = work / f"ab-{name}-{r}"
+            launch_local(workers, ps, _train_argv(data, out, 16, sets), log=lambda m: None, timeout_s=900)
+            got[name].append(_aggregate(out))
+    return {**{f"tasks_per_s_{v}": statistics.median(r) for v, r in got.items()},
+            **{f"runs_{v}": r for v, r in got.items()}}
+
+
 def _worker(data: str, out_file: str, ps: str, sets: Sequence[str] = ()) -> None:
     """Runs as a Horovod rank: times full steps, lookup-only and apply-only passes."""
     import tensorflow as tf

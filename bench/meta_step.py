@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Dict, List, Sequence
 
 import gmeta_tf  # noqa: F401
@@ -46,13 +47,23 @@ class TaskLoopStep(TrainStep):
 
 def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = 4) -> Dict[str, float]:
     """tasks/s of each step, measured in interleaved rounds (median over rounds): on a shared
-    2-core box the load drifts, and interleaving puts every variant under the same drift."""
-    for step in steps.values():
-        step.step(batches[0])  # trace + compile
+    2-core box the load drifts, and interleaving puts every variant under the same drift.
+    ``batches``: one list for all steps, or ``{step name: list}`` (steps on different data)."""
+    return _wall_and_cpu_rates(steps, batches, seconds, T, rounds)[0]
+
+
+def _wall_and_cpu_rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = 4):
+    """``_rates`` and, per step, tasks per second of this process's CPU time (every thread's):
+    the step's work, which other processes' load on a shared box changes far less than wall time."""
+    mine = batches if isinstance(batches, dict) else {name: batches for name in steps}
+    for name, step in steps.items():
+        step.step(mine[name][0])  # trace + compile
     per_round: Dict[str, List[float]] = {name: [] for name in steps}
+    cpu_round: Dict[str, List[float]] = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            n, t0 = 0, time.perf_counter()
+            n, t0, c0 = 0, time.perf_counter(), time.process_time()
+            batches = mine[name]
             while True:
                 out = step.step(batches[n % len(batches)])
                 n += 1
@@ -61,7 +72,9 @@ def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: in
                     break
             out["loss"].numpy()
             per_round[name].append(n * T / (time.perf_counter() - t0))
-    return {name: statistics.median(r) for name, r in per_round.items()}
+            cpu_round[name].append(n * T / max(time.process_time() - c0, 1e-9))
+    return ({name: statistics.median(r) for name, r in per_round.items()},
+            {name: statistics.median(r) for name, r in cpu_round.items()})
 
 
 def _step(cfg: Config, schema, variant: str):
@@ -120,12 +133,45 @@ def _jit_keys(rates: Dict[str, float], default: str) -> Dict[str, float]:
             "jit_speedup": rates["jit"] / rates["nojit"], "jit_default": default == "jit"}
 
 
-def measure_model_key(cfg: Config, key: str, values: Sequence[str], seconds: float = 8.0) -> Dict[str, float]:
+def measure_model_key(cfg: Config, key: str, values: Sequence, seconds: float = 8.0,
+                      labels: Sequence[str] = ()) -> Dict[str, float]:
     """The vectorized step (the config's default compilation) under each value of ``model.<key>``,
-    side by side: ``tasks_per_s_<value>`` each, ``speedup_<first>_over_<second>``."""
+    side by side: ``tasks_per_s_<label>`` each, ``speedup_<first>_over_<second>`` (``labels``:
+    the values' names in the keys, by default the values themselves)."""
     schema = load_schema(cfg.data.path)
     variant = "jit" if jit_enabled(cfg.meta) else "nojit"
-    steps = {v: _step(replace(cfg, model=replace(cfg.model, **{key: v})), schema, variant) for v in values}
-    rates = _rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
-    return {**{f"tasks_per_s_{v}": rates[v] for v in values},
-            f"speedup_{values[0]}_over_{values[1]}": rates[values[0]] / rates[values[1]]}
+    labels = list(labels) or [str(v) for v in values]
+    steps = {lab: _step(replace(cfg, model=replace(cfg.model, **{key: v})), schema, variant)
+             for lab, v in zip(labels, values)}
+    rates, cpu = _wall_and_cpu_rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
+    return {**{f"tasks_per_s_{lab}": rates[lab] for lab in labels},
+            f"speedup_{labels[0]}_over_{labels[1]}": rates[labels[0]] / rates[labels[1]],
+            **{f"tasks_per_cpu_s_{lab}": cpu[lab] for lab in labels},
+            f"cpu_speedup_{labels[0]}_over_{labels[1]}": cpu[labels[0]] / cpu[labels[1]]}
+
+
+def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: float = 16.0) -> Dict[str, Dict]:
+    """Step time against the number of tables of one width: the data's features copied 1, 2, 4
+    times (7, 14, 28 tables on the bench's data, ``bench/features.py``), each fused and per
+    table, all six interleaved in one process. ``{tables: {tasks_per_s_fused, ..._per_table,
+    speedup_fused_over_per_table, tasks_per_s}}`` (``tasks_per_s``: fused, the default), and
+    the same per second of CPU time (``tasks_per_cpu_s_*``, ``cpu_speedup_*``)."""
+    from bench.features import widen
+
+    variant = "jit" if jit_enabled(cfg.meta) else "nojit"
+    steps, batches, tables = {}, {}, {}
+    for k in copies:
+        path = cfg.data.path if k == 1 else widen(cfg.data.path, k, str(Path(cfg.data.path).parent.parent / f"features-x{k}"))
+        c = replace(cfg, data=replace(cfg.data, path=path))
+        schema = load_schema(path)
+        tables[k] = len(schema["categorical"]) + len(schema["multi_hot"])
+        for label, fuse in (("fused", True), ("per_table", False)):
+            steps[(k, label)] = _step(replace(c, model=replace(c.model, fuse_tables=fuse)), schema, variant)
+            batches[(k, label)] = _batches(c)
+    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    return {str(tables[k]): {"tasks_per_s_fused": rates[(k, "fused")], "tasks_per_s_per_table": rates[(k, "per_table")],
+                             "speedup_fused_over_per_table": rates[(k, "fused")] / rates[(k, "per_table")],
+                             "tasks_per_s": rates[(k, "fused")],
+                             "tasks_per_cpu_s_fused": cpu[(k, "fused")], "tasks_per_cpu_s_per_table": cpu[(k, "per_table")],
+                             "cpu_speedup_fused_over_per_table": cpu[(k, "fused")] / cpu[(k, "per_table")]}
+            for k in copies}

@@ -77,6 +77,12 @@ def count_rpcs(partition_graphs: Sequence) -> Dict[str, int]:
                 out += readers(c, depth - 1)
         return out
 
+    # Hash-table ops the PS runs (TFRA's kernels: finds, inserts, accums), by the scope that
+    # issued them: the apply's (TFRA's optimizer, a PS request's apply) or the lookup's.
+    hash_ops: Counter = Counter()
+    for node in ps_nodes.values():
+        if node.op.startswith("TFRA>"):
+            hash_ops["apply" if top_scope(node.name) in APPLY_SCOPES else "lookup"] += 1
     by_kind: Counter = Counter()
     per_ps: Counter = Counter()
     for r in recvs:
@@ -102,10 +108,13 @@ def count_rpcs(partition_graphs: Sequence) -> Dict[str, int]:
     return {"ps_rpcs_per_step": calls + sum(by_kind.values()), "ps_component_calls_per_step": calls,
             "ps_transfers_per_step": sum(by_kind.values()), "ps_lookup_transfers_per_step": by_kind["lookup"],
             "ps_apply_transfers_per_step": by_kind["apply"], "ps_control_transfers_per_step": by_kind["control"],
-            "ps_transfers_by_ps": dict(sorted(per_ps.items()))}
+            "ps_transfers_by_ps": dict(sorted(per_ps.items())),
+            "ps_hash_ops_per_step": sum(hash_ops.values()), "ps_lookup_hash_ops_per_step": hash_ops["lookup"],
+            "ps_apply_hash_ops_per_step": hash_ops["apply"]}
 
 
-def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int, requests: int = 0) -> int:
+def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int, requests: int = 0,
+                  recorded: int = 0) -> int:
     """The count ``count_rpcs`` finds for a worker step with PS tables (bp_v2, as in distributed
     mode). ``shards`` is the shard count of each TFRA table on TFRA's per-table path, ``slots``
     the embedding optimizer's slot tables (Adam 2, Adagrad 1), ``requests`` the (PS, row width)
@@ -120,10 +129,20 @@ def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int, re
 
     per PS request, whatever its tables, shards and slots: ids and their sizes out, rows back (3),
     gradients and step counters out (2); plus, per PS that holds a shard (``ps``), the component
-    function call and the end-of-step control edge (2)."""
+    function call and the end-of-step control edge (2). ``recorded``: shards of fused tables on
+    TFRA's path, whose lookup also sends its new large ids' record (keys, ids: 2 each,
+    ``FusedTable.record``; a request records on the PS)."""
     lookup = 3 if init_rows == "missing" else 4
     per_table = sum(n * (lookup + 1 + (4 if n > 1 else 5) * slots + 3) for n in shards)
-    return per_table + 5 * requests + 2 * ps
+    return per_table + 5 * requests + 2 * ps + 2 * recorded
+
+
+def expected_hash_ops(shards: Sequence[int], slots: int, fused: Sequence[bool]) -> int:
+    """Hash-table ops on the PS per step (``count_rpcs``' ``ps_hash_ops_per_step``), whichever path
+    reaches them: per physical table and shard a find (and for a fused table its ids record),
+    and on the apply a find per slot table and a write (insert or accum) of the rows and of each
+    slot table. Per *physical* table: the logical tables fused into one add nothing."""
+    return sum(n * ((2 if f else 1) + 2 * slots + 1) for n, f in zip(shards, fused))
 
 
 def run_step(step, batch) -> Dict[str, int]:
@@ -158,6 +177,7 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
     from gmeta_tf.train.trainer import build_tables_once
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", f"cluster.ps=[{ps}]", *sets])
+    data = cfg.data.path  # a run may name other data (``--set data.path=...``)
     rt = worker_runtime(cfg, log=lambda m: None)
     rt = replace(rt, namespace=f"{rt.namespace}-{Path(out_file).stem}")
     run_dir = Path(out_file).parent / f"{Path(out_file).stem}-run"
@@ -166,16 +186,22 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
     counts = run_step(built.step_fn, batches[0])
     for batch in batches[1:]:
         built.step_fn.step(batch)
+    from gmeta_tf.embedding.fused import FusedTable
+
     storage = built.model.storage_tables()
     requests = built.model.embeddings.requests
     served = requests.tables if requests is not None else []
+    fused = [isinstance(t, FusedTable) for t in storage]
     counts.update(tables=len(storage), ps=rt.ps_tasks, shards=[len(t.devices) for t in storage],
+                  logical_tables=len(built.model.tables),
                   slots=slot_count(cfg.train.embedding_optimizer), init_rows=cfg.model.init_rows,
                   per_table_shards=[len(t.devices) for t in storage if not any(t is s for s in served)],
                   ps_requests=len({(d, t.dim) for t in served for d in t.devices}))
     counts["ps_holding_tables"] = len({d for t in storage for d in t.devices})
+    recorded = sum(len(t.devices) for t, f in zip(storage, fused) if f and not any(t is s for s in served))
     counts["ps_rpcs_formula"] = expected_rpcs(counts["per_table_shards"], counts["slots"], cfg.model.init_rows,
-                                              counts["ps_holding_tables"], counts["ps_requests"])
+                                              counts["ps_holding_tables"], counts["ps_requests"], recorded)
+    counts["ps_hash_ops_formula"] = expected_hash_ops(counts["shards"], counts["slots"], fused)
     if rt.rank == 0:
         built.model.embeddings.export(str(run_dir))
         counts["tables_after_steps"] = table_fingerprint(str(run_dir))

@@ -50,7 +50,7 @@ JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],
 
 def bench_meta(results: Dict) -> None:
     from bench.meta_io import measure_read_rate
-    from bench.meta_step import measure, measure_jit, measure_model_key
+    from bench.meta_step import measure, measure_features, measure_jit, measure_model_key
     from gmeta_tf.config.loader import load_config
 
     data, prep = _prepared_data()
@@ -65,6 +65,11 @@ def bench_meta(results: Dict) -> None:
     results["meta_step_init_rows"] = measure_model_key(cfg, "init_rows", ["missing", "all"])
     # model.ps_requests: one request per PS for all tables, or TFRA's per-table ops (one process).
     results["meta_step_ps_requests"] = measure_model_key(cfg, "ps_requests", ["per_ps", "per_table"])
+    # model.fuse_tables: the 7 tables as one fused TFRA table, or one each (one process).
+    results["meta_step_fused"] = measure_model_key(cfg, "fuse_tables", [True, False], seconds=16.0,
+                                                   labels=["fused", "per_table"])
+    # The same step with 7, 14, 28 tables of one width (the features copied), fused and per table.
+    results["meta_step_features"] = measure_features(cfg)
     io = measure_read_rate(data, cfg.data, seconds=5.0)
     results["meta_io"] = {
         "read_tasks_per_s": io["tasks_per_s"],
@@ -76,13 +81,21 @@ def bench_meta(results: Dict) -> None:
 
 
 def bench_distributed(results: Dict) -> None:
-    from bench.distributed import COMPARED, measure
+    from bench.distributed import COMPARED, measure, measure_ab
 
     data, _ = _prepared_data()
     results["distributed"] = dist = measure(data, WORK)
-    # model.ps_requests: the default (one request per PS, the tables being on PS) against TFRA's
-    # per-table path, the same row again in this run.
-    per_table = measure(data, WORK / "per_table", sets=["model.ps_requests=per_table"])
+    # model.fuse_tables: the default (fused tables, one request per PS) against one TFRA table per
+    # feature (one request per PS), 2 workers + 2 PS, alternating runs.
+    ab = measure_ab(data, WORK / "fused", {"fused": [], "per_ps": ["model.fuse_tables=false"]})
+    results["distributed_fused"] = {**ab, "speedup_2w2ps_fused_over_per_ps": ab["tasks_per_s_fused"] / ab["tasks_per_s_per_ps"]}
+    # The same tables fused or one each: the PS's CPU per step on one real PS (bench/ps_cpu.py).
+    from bench.ps_cpu import measure as ps_cpu
+
+    results["ps_cpu_fused"] = ps_cpu(data)
+    # model.ps_requests: the default (one request per PS, the tables being on PS, fused) against
+    # TFRA's own per-table path (one TFRA table per feature), the same row again in this run.
+    per_table = measure(data, WORK / "per_table", sets=["model.ps_requests=per_table", "model.fuse_tables=false"])
     results["distributed_ps_requests"] = {
         **{f"{k}_per_table": per_table[k] for k in COMPARED},
         "speedup_2w2ps_per_ps_over_per_table": dist["tasks_per_s_2w2ps"] / per_table["tasks_per_s_2w2ps"],
@@ -148,6 +161,13 @@ HEADLINES = [
     ("meta_step_newton.jit_speedup", "… same, inner_solver: newton (adapt: head)", ""),
     ("meta_step_init_rows.speedup_missing_over_all", "init_rows: missing / all (tasks/s, quickstart)", ""),
     ("meta_step_ps_requests.speedup_per_ps_over_per_table", "ps_requests: per_ps / per_table (tasks/s, 1 process)", ""),
+    ("meta_step_fused.speedup_fused_over_per_table", "fuse_tables: fused / one table each (tasks/s, 1 process)", "≥ 1.5"),
+    ("meta_step_fused.cpu_speedup_fused_over_per_table", "… same, tasks per CPU second", ""),
+    ("meta_step_features.7.tasks_per_s", "… fused step, 7 tables of one width, tasks/s", ""),
+    ("meta_step_features.14.tasks_per_s", "… 14 tables", ""),
+    ("meta_step_features.28.tasks_per_s", "… 28 tables", ""),
+    ("meta_step_features.28.tasks_per_s_per_table", "… 28 tables, one TFRA table each", ""),
+    ("meta_step_features.28.cpu_speedup_fused_over_per_table", "… 28 tables, fused / one each, tasks per CPU second", ""),
     ("meta_io.read_over_consume", "Meta-IO read rate / training consumption", "≥ 3"),
     ("meta_io.read_tasks_per_s", "Meta-IO read, tasks/s", ""),
     ("prepare.prepare_rows_per_s", "prepare, input rows/s", ""),
@@ -160,6 +180,9 @@ HEADLINES = [
     ("distributed_ps_requests.speedup_2w2ps_per_ps_over_per_table", "ps_requests: per_ps / per_table, 2w2ps tasks/s", ""),
     ("distributed_ps_requests.step_ms_per_ps_over_per_table", "… same, worker step time (2w2ps)", ""),
     ("distributed_ps_requests.ps_rpcs_per_step_per_table", "… PS RPCs per step on TFRA's per-table path", ""),
+    ("distributed_fused.speedup_2w2ps_fused_over_per_ps", "fuse_tables: fused / one table each, 2w2ps tasks/s", "≥ 1.3"),
+    ("ps_cpu_fused.7.ps_cpu_per_table_over_fused", "… PS CPU per step, one table each / fused, 7 tables", ""),
+    ("ps_cpu_fused.28.ps_cpu_per_table_over_fused", "… same, 28 tables", ""),
     ("distributed.ps_lookup_ops_per_step", "hash-table lookups on the PS per worker step (2w2ps)", ""),
     ("distributed.ps_apply_ops_per_step", "hash-table finds + inserts of the apply on the PS, per step", ""),
     ("sharding.cost_model_error", "PS cost model, held-out error (geo. mean)", "≤ 0.10"),

@@ -125,7 +125,9 @@ def test_budget_config_parsing():
 
 
 def _model_with_rows(schema, batches, bp_v2=False):
-    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), schema, bp_v2=bp_v2)
+    # TFRA's per-table path, where cold rows are read ahead (fused: tests/test_fused_tables.py)
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1, fuse_tables=False), schema,
+                 bp_v2=bp_v2)
     for table, name in zip(model.tables, model.table_names):
         part = "cat" if name in model.cat_names else "multi"
         ids = np.unique(np.concatenate([b[w][part][name].numpy().ravel() for b in batches for w in ("support", "query")]))
@@ -287,7 +289,8 @@ def test_column_split_tables_stay_wholly_on_the_ps():
     hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1)
     rows = model.embeddings.use_hot(HotRows(model.tables, hs, LocalSync(), "adam", 0.05, {"item": 100, "city": 100}))
     assert rows.skipped == ["item"] and rows.names == ["city"]
-    assert [type(t).__name__ for t in model.tables] == ["ColumnSplitTable", "HotColdTable", "EmbeddingTable"]
+    # city and tags share the one process and a dim: members of one fused table (fuse_tables: auto)
+    assert [type(t).__name__ for t in model.tables] == ["ColumnSplitTable", "HotColdTable", "FusedMember"]
     dense_opt, emb_opt = make_optimizers(TrainConfig())
     step = TrainStep(model, MetaConfig(algo="maml", inner_steps=1, inner_lr=0.3), dense_opt, emb_opt,
                      LocalSync())

@@ -43,8 +43,8 @@ def _assert_same(a: dict, b: dict, atol=1e-6):
 
 def _train(mode, algo, adapt, opt, bp_v2, steps=5):
     schema = tiny_schema("click")
-    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1, ps_requests=mode), schema,
-                 bp_v2=bp_v2)
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1, ps_requests=mode,
+                             fuse_tables=False), schema, bp_v2=bp_v2)  # fused: tests/test_fused_tables.py
     meta = MetaConfig(algo=algo, inner_steps=1, inner_lr=0.1, adapt=adapt)
     train = TrainConfig(learning_rate=0.02, embedding_learning_rate=0.05, embedding_optimizer=opt)
     step = TrainStep(model, meta, *make_optimizers(train), LocalSync())
@@ -119,7 +119,7 @@ def test_tables_off_the_request_path_keep_tfras():
     initializer) are looked up and applied per table, next to the served ones in one step."""
     schema = tiny_schema("click")
     model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1, ps_requests="per_ps",
-                             max_rows={"item": 1000}), schema)
+                             max_rows={"item": 1000}, fuse_tables=False), schema)
     step = TrainStep(model, MetaConfig(), *make_optimizers(TrainConfig()), LocalSync())
     assert sorted(t.name for t in model.embeddings.requests.tables) == ["city", "tags"]
     step.step(random_batch(schema, seed=0))

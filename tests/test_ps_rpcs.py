@@ -1,11 +1,14 @@
 """PS round trips per step (bench/ps_rpcs.py): counted on real PS processes, they follow the
 per-table formula, so fewer table shards on the PS mean fewer RPCs; with ``model.ps_requests:
-per_ps`` a fixed few per PS request, and the same tables after the same steps."""
+per_ps`` a fixed few per PS request, and the same tables after the same steps. Fused tables
+(``model.fuse_tables``) make the PS's hash-table ops a function of its fused tables, not of
+the number of features."""
 import numpy as np
 import pytest
 from tensorflow.core.framework import graph_pb2
 
-from bench.ps_rpcs import count_rpcs, expected_rpcs
+from bench.features import widen
+from bench.ps_rpcs import count_rpcs, expected_hash_ops, expected_rpcs
 from gmeta_tf.plan.placement_file import ColumnSplit, write_placement
 
 W = "/job:worker/replica:0/task:0/device:CPU:0"
@@ -45,6 +48,7 @@ def test_count_rpcs_reads_partition_graphs():
     assert got["ps_component_calls_per_step"] == 1
     assert (got["ps_lookup_transfers_per_step"], got["ps_apply_transfers_per_step"]) == (2, 1)
     assert got["ps_rpcs_per_step"] == 4
+    assert (got["ps_lookup_hash_ops_per_step"], got["ps_apply_hash_ops_per_step"]) == (1, 1)
 
 
 @pytest.mark.fast
@@ -54,6 +58,9 @@ def test_formula():
     assert expected_rpcs([1] * 7, 2, "missing", 1) == 121
     assert expected_rpcs([2] * 7, 1, "missing", 2) == 158
     assert expected_rpcs([], 2, "missing", 2, requests=2) == 14  # per_ps: 7 tables of one width on 2 PS
+    assert expected_rpcs([2], 2, "missing", 2, recorded=2) == 38  # the 7 fused into one, TFRA's path
+    assert expected_hash_ops([2] * 7, 2, [False] * 7) == 84
+    assert expected_hash_ops([2], 2, [True]) == expected_hash_ops([2], 2, [True]) == 14  # 7 or 14 tables fused
 
 
 @pytest.mark.integration
@@ -67,18 +74,26 @@ def test_rpcs_per_step_on_real_ps_follow_the_tables(prepared_2500, tmp_path):
     one_ps = tmp_path / "one_ps.yaml"  # every table whole on PS 0: 7 shards
     write_placement(str(one_ps), {n: [0] for n in ["item_id", "item_tags", "user_city", "hour", "item_category",
                                                    "user_segment", "device"]}, header="test")
-    sets = ["data.tasks_per_batch=8"]
+    wide = widen(str(prepared_2500), 2, str(tmp_path / "x2"))  # every feature twice: 14 tables
+    fused = ["data.tasks_per_batch=8"]  # the default: fused tables (auto), one request per PS (auto)
+    sets = [*fused, "model.fuse_tables=false"]  # one TFRA table per feature
     per_table = [*sets, "model.ps_requests=per_table"]  # TFRA's lookups and applies, table by table
+    adagrad = "train.embedding_optimizer=adagrad"
     runs = measure(str(prepared_2500), 2, {
         "per_table": per_table,
         "placed": [*per_table, f"cluster.placement={placement}"],
         "one_ps": [*per_table, f"cluster.placement={one_ps}"],
         "all": [*sets, "model.init_rows=all"],  # TFRA's initializer: per table, whatever ps_requests says
-        "per_ps": sets,  # the default (auto: per_ps, the tables are on PS)
+        "per_ps": sets,
         "per_ps_placed": [*sets, f"cluster.placement={placement}"],
+        "fused": fused,
+        "fused_x2": [*fused, f"data.path={wide}"],
+        "per_table_adagrad": [*per_table, adagrad],
+        "fused_tfra_adagrad": [*fused, "model.ps_requests=per_table", adagrad],  # TFRA's apply on the fused table
     }, timeout_s=400)
     for name, r in runs.items():
         assert r["ps_rpcs_per_step"] == r["ps_rpcs_formula"], (name, r)
+        assert r["ps_hash_ops_per_step"] == r["ps_hash_ops_formula"], (name, r)
         assert r["ps_component_calls_per_step"] == r["ps_control_transfers_per_step"] == r["ps_holding_tables"]
     assert runs["per_table"]["shards"] == [2] * 7 and runs["per_table"]["ps_rpcs_per_step"] == 214
     # per table and shard: 3 lookup transfers, 12 apply transfers (Adam, bp_v2)
@@ -99,10 +114,19 @@ def test_rpcs_per_step_on_real_ps_follow_the_tables(prepared_2500, tmp_path):
     placed = runs["per_ps_placed"]
     assert placed["per_table_shards"] == [1, 1] and placed["ps_requests"] == 2
     assert placed["ps_rpcs_per_step"] < runs["placed"]["ps_rpcs_per_step"]
+    # fused: one TFRA table for the 7 (14) features on 2 PS; the same 14 RPCs and 14 hash-table ops
+    # a step whatever the number of features; 84 with one table each
+    assert runs["fused"]["shards"] == runs["fused_x2"]["shards"] == [2]
+    assert (runs["fused"]["logical_tables"], runs["fused_x2"]["logical_tables"]) == (7, 14)
+    assert runs["fused"]["ps_hash_ops_per_step"] == runs["fused_x2"]["ps_hash_ops_per_step"] == 14
+    assert runs["per_ps"]["ps_hash_ops_per_step"] == 84
+    assert runs["fused"]["ps_rpcs_per_step"] == runs["fused_x2"]["ps_rpcs_per_step"] == 14
+    assert runs["fused_tfra_adagrad"]["ps_hash_ops_per_step"] == 2 * (2 + 2 + 1)
     # the same tables, slot tables and rows after 4 steps, whichever way the step reached the PS
-    for a, b in (("per_table", "per_ps"), ("placed", "per_ps_placed")):
+    for a, b in (("per_table", "per_ps"), ("placed", "per_ps_placed"), ("per_table", "fused"),
+                 ("per_table_adagrad", "fused_tfra_adagrad")):
         fa, fb = runs[a]["tables_after_steps"], runs[b]["tables_after_steps"]
-        assert fa.keys() == fb.keys() and len(fa) == (7 if a == "per_table" else 8) * 3
+        assert fa.keys() == fb.keys() and len(fa) == (8 if a == "placed" else 7) * (2 if "adagrad" in a else 3)
         for key in fa:
             assert fa[key][:2] == fb[key][:2], key  # same ids
             np.testing.assert_allclose(fa[key][2:], fb[key][2:], rtol=1e-5, atol=1e-6, err_msg=key)

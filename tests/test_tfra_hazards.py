@@ -88,7 +88,8 @@ def test_every_tables_adam_moments_follow_the_recurrence():
     table's slots are updated exactly once per step (``embedding/optimizers.py``).
     """
     schema = tiny_schema()
-    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[4], top_mlp=[4]), schema)
+    # TFRA's per-table optimizers (a fused table's slots equal these: tests/test_fused_tables.py)
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[4], top_mlp=[4], fuse_tables=False), schema)
     d, e = make_optimizers(TrainConfig())
     step = TrainStep(model, MetaConfig(adapt="dense+embedding"), d, e, LocalSync())
 

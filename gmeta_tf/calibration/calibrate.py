@@ -192,9 +192,10 @@ def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[
 
 
 def measure_sets(sets: Sequence[Tuple[Sequence[Shard], int]], warmup: int = 1, steps: int = 5,
-                 log: Callable[[str], None] = print, seed: int = 0) -> List[Dict]:
+                 log: Callable[[str], None] = print, seed: int = 0, fuse: bool = True) -> List[Dict]:
     """The measured record (``ps_cpu_ms``, ``wall_ms``) of each ``(shards, samples_per_step)``;
-    identical sets are measured once, an empty set costs 0."""
+    identical sets are measured once, an empty set costs 0. ``fuse``: the tables of one dim in one
+    fused table, as the trainer lays them out (``false``: one TFRA table each, for comparison)."""
     key_of, configs = {}, []
     for shards, sps in sets:
         key = (tuple(sorted(shards, key=lambda s: (s.dim, s.rows, s.pooling, s.table, s.index))), int(sps))
@@ -202,7 +203,7 @@ def measure_sets(sets: Sequence[Tuple[Sequence[Shard], int]], warmup: int = 1, s
             continue
         key_of[key] = len(configs)
         ordered = key[0]
-        configs.append({"dims": [s.dim for s in ordered], "variants": [{
+        configs.append({"dims": [s.dim for s in ordered], "fuse": fuse, "variants": [{
             "index": len(configs), "samples_per_step": int(sps), "seed": seed + len(configs),
             "shards": [shard_json(s) for s in ordered]}]})
     measured = measure_configs(configs, warmup, steps, log) if configs else {}

@@ -4,15 +4,14 @@ Runs as its own process (``python -m gmeta_tf.calibration.measure JOB.json OUT.j
 connecting to a cluster rewires the whole TensorFlow eager context of a process; the driver
 (``calibrate.py``) starts the PS and this client, and kills both when done.
 
-It does what a worker does to its tables, with the trainer's own pieces:
-``embedding.table.EmbeddingTable`` (named cuckoo tables on ``/job:ps/task:0``, ``bp_v2`` updates),
-one ``DynamicEmbeddingOptimizer(Adam)`` per table (``embedding.optimizers.TableOptimizers``), one
-unique lookup per table per step, all tables in one ``tf.function``. Tables are created one at a
-time and waited for (concurrent creation has crashed PS processes). Ids come from
+It does what a worker does to its tables, with the trainer's own pieces and layout
+(``embedding.collection``): the tables of one dim fused into one TFRA table
+(``model.fuse_tables: auto``; named cuckoo tables on ``/job:ps/task:0``, ``bp_v2`` updates), one
+request per PS for the lookups and one for the Adam updates (``model.ps_requests: auto`` with PS
+tables), all tables in one ``tf.function``. Tables are created, then waited for. Ids come from
 ``access.IdSampler``: fresh draws every step, so cold ids are inserted as in training.
 
-Tracing that step costs ~0.3-0.5 s per table on 2 cores (TFRA's optimizer graph), far more
-than the step itself, so a job is a list of *configs* (the tables' dims: created and traced
+Tracing that step costs a good part of a second on 2 cores, far more than the step itself, so a job is a list of *configs* (the tables' dims: created and traced
 once) each with *variants* (rows, pooling, skew, samples per step: only the ids change; the
 tables are cleared between variants). Per variant (``measure_config``): the PS process's CPU
 milliseconds per step and the client's median wall milliseconds per step, appended to OUT as
@@ -44,26 +43,31 @@ def _connect(address: str) -> None:
     int(value.numpy())
 
 
-def _all_vars(tables, opts):
-    return [v for t in tables for v in [t.variable, *t.slot_variables(opts.for_shadow(t.shadow))]]
+def _all_vars(emb, opts):
+    return [v for t in emb.storage() for v in t.variables(opts.for_shadow(t.shadow))]
 
 
-def _create(dims: List[int], capacity: List[int], namespace: str):
-    from tensorflow.python.eager import context
-
+def _create(dims: List[int], capacity: List[int], namespace: str, fuse: bool = True):
+    """The tables as a worker lays them out on one PS: the tables of one dim are the members of
+    one fused table (``model.fuse_tables: auto``; ``embedding.collection.create_tables``; ``fuse``
+    false: one TFRA table each), and the step reaches the PS with one request
+    (``model.ps_requests: auto`` with PS tables)."""
+    from gmeta_tf.embedding.collection import Embeddings, create_tables
     from gmeta_tf.embedding.optimizers import TableOptimizers
-    from gmeta_tf.embedding.table import EmbeddingTable
 
-    tables, opts = [], TableOptimizers("adam", 1e-3)
-    for k, (dim, rows) in enumerate(zip(dims, capacity)):
-        t = EmbeddingTable(f"t{k}", int(dim), [PS_DEVICE], namespace, init_stddev=0.01, seed=k,
-                           bp_v2=True, expected_rows=int(rows))
-        opts.build({t.name: t.shadow})
-        for var in _all_vars([t], opts):
-            int(var.size(0).numpy())  # answered only after the PS has created it
-        context.async_wait()
-        tables.append(t)
-    return tables, opts
+    names, tables = [f"t{k}" for k in range(len(dims))], [None] * len(dims)
+    for dim in sorted(set(dims)):
+        ks = [k for k, d in enumerate(dims) if d == dim]
+        made = create_tables([names[k] for k in ks], int(dim), namespace=namespace, ps_tasks=1, placement={},
+                             init_stddev=0.01, seed=ks[0], bp_v2=True,
+                             expected_rows={names[k]: int(capacity[k]) for k in ks}, fuse=fuse)
+        for k, t in zip(ks, made):
+            tables[k] = t
+    emb = Embeddings(tables, names, [], ps_requests="per_ps")
+    opts = TableOptimizers("adam", 1e-3)
+    emb.build_slots(opts)
+    emb.wait_until_created()  # answered only after the PS has created them
+    return emb, opts
 
 
 def _batches(shards: List[Dict], samples_per_step: int, n: int, seed: int):
@@ -79,21 +83,20 @@ def _batches(shards: List[Dict], samples_per_step: int, n: int, seed: int):
     return [[tf.constant(per_table[k][i], tf.int64) for k in range(len(shards))] for i in range(n)]
 
 
-def _step_fn(tables, opts):
+def _step_fn(emb):
     import tensorflow as tf
 
-    shadows = [t.shadow for t in tables]
-    spec = [tf.TensorSpec([None], tf.int64) for _ in tables]
+    from gmeta_tf.embedding.lookup import together
+
+    spec = [tf.TensorSpec([None], tf.int64) for _ in emb.tables]
+    rows = emb.trainable()
 
     @tf.function(input_signature=[spec])
     def step(ids_list):
         with tf.GradientTape() as tape:
-            loss = tf.constant(0.0)
-            for t, ids in zip(tables, ids_list):
-                looked = t.lookup_unique([ids])
-                loss += tf.reduce_sum(tf.square(tf.gather(looked.rows, looked.index)))
-        grads = tape.gradient(loss, shadows)
-        opts.apply_gradients(zip(grads, shadows))
+            looked = together(emb.tables, [[ids] for ids in ids_list], True, emb.requests)
+            loss = tf.add_n([tf.reduce_sum(tf.square(tf.gather(x.rows, x.index))) for x in looked.values()])
+        emb.apply(rows, tape.gradient(loss, rows.shadows))
         return loss
 
     return step
@@ -114,12 +117,12 @@ def ps_cpu_ns(pid: int) -> int:
 class Config:
     """One table set on the PS: its tables, created and traced once, measured per variant."""
 
-    def __init__(self, dims: List[int], namespace: str, capacity: Optional[List[int]] = None):
+    def __init__(self, dims: List[int], namespace: str, capacity: Optional[List[int]] = None, fuse: bool = True):
         """``capacity``: rows to pre-size each table for, as the trainer pre-sizes from the
         data's cardinality (``tables.initial_capacity``): a cuckoo table that grows mid-step
         rehashes, a cost training does not pay."""
-        self.tables, self.opts = _create(dims, capacity or [DEFAULT_CAPACITY] * len(dims), namespace)
-        self.step = _step_fn(self.tables, self.opts)
+        self.emb, self.opts = _create(dims, capacity or [DEFAULT_CAPACITY] * len(dims), namespace, fuse)
+        self.step = _step_fn(self.emb)
 
     def measure(self, v: Dict, job: Dict, seed: int) -> Dict:
         """One variant: after ``warmup`` untimed steps, the CPU time the PS process spent per
@@ -144,7 +147,7 @@ class Config:
             float(self.step(ids).numpy())
             wall.append((time.perf_counter() - t0) * 1000)
         cpu_ms = (ps_cpu_ns(pid) - cpu0) / 1e6 / n
-        for var in _all_vars(self.tables, self.opts):  # the next variant starts from empty tables
+        for var in _all_vars(self.emb, self.opts):  # the next variant starts from empty tables
             var.clear()
         return {"index": v["index"], "ps_cpu_ms": cpu_ms, "wall_ms": float(np.median(wall)), "steps": n}
 
@@ -169,7 +172,7 @@ def main(job_path: str, out_path: str) -> None:
     Config([8], f"calib{os.getpid()}w").measure(tiny, {**job, "warmup": 2, "steps": 1, "min_seconds": 0}, 0)
     built = []
     for i, c in enumerate(job["configs"]):
-        built.append(Config(c["dims"], f"calib{os.getpid()}c{i}", c.get("capacity")))
+        built.append(Config(c["dims"], f"calib{os.getpid()}c{i}", c.get("capacity"), c.get("fuse", True)))
         for v in c["variants"]:
             emit({**built[-1].measure(v, job, int(v.get("seed", 0))), "pass": 0})
     for p in range(1, int(job.get("passes", 1))):

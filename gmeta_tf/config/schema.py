@@ -188,12 +188,19 @@ class ModelConfig:
     # How a step's lookups and optimizer applies reach the PS. ``per_ps``: one request per PS
     # (and row width) for all the tables it holds, the PS finding, filling and updating the rows
     # itself (embedding/ps_requests.py): the same tables, files and step, 14 RPCs a step instead
-    # of 214 at the quickstart's 7 tables on 2 PS. Tables with max_rows, init_rows: all, a column
-    # split or a hot tier keep TFRA's path. ``per_table``: TFRA's own for every table, one find
+    # of 214 at the quickstart's 7 tables on 2 PS. Tables with max_rows, init_rows: all or a column
+    # split keep TFRA's path (a hot tier's cold rows go in the request). ``per_table``: TFRA's own for every table, one find
     # per table and shard, a find and an insert per table, shard and slot table on the apply.
     # ``auto``: per_ps where the tables are on parameter servers, per_table in one process
     # (no round trips to save there; make bench measured it level: 0.93-1.06x in five runs).
     ps_requests: Literal["auto", "per_table", "per_ps"] = "auto"
+    # Fused tables (embedding/fused.py): the tables on the same PS list (or the one process)
+    # with the same dim are the members of one TFRA table whose keys carry the table's slot in
+    # their top bits, so a step's hash-table ops are per fused table, not per feature. Config,
+    # the planner, checkpoint files, warm start and export still see one table per feature.
+    # ``auto``: fused (fewer hash-table ops and less PS CPU a step, one process a little faster:
+    # docs/profile.md); true / false force it. Tables with max_rows, init_rows: all or a column split are never fused.
+    fuse_tables: Union[bool, Literal["auto"]] = "auto"
 
     def __post_init__(self) -> None:
         for name, n in self.max_rows.items():
@@ -209,6 +216,8 @@ class ModelConfig:
                  f"must be one of missing, all, got {self.init_rows!r}")
         _require(self.ps_requests in ("auto", "per_table", "per_ps"), "model.ps_requests",
                  f"must be one of auto, per_table, per_ps, got {self.ps_requests!r}")
+        _require(self.fuse_tables in ("auto", True, False), "model.fuse_tables",
+                 f"must be one of auto, true, false, got {self.fuse_tables!r}")
 
 
 @dataclass

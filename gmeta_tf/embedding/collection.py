@@ -5,7 +5,9 @@ this class. Its life, in the order ``assemble`` (and before it ``create_tables``
 
 1. **create** (``create_tables``): one TFRA table per feature, each named deterministically
    (``naming.py``) and placed (``devices.py``): row-sharded over every PS, on the PS subset of
-   ``cluster.placement``, or cut into column blocks (``column_split.py``);
+   ``cluster.placement``, or cut into column blocks (``column_split.py``); with
+   ``model.fuse_tables`` the tables that share devices and a dim are the members of one fused
+   TFRA table (``fused.py``), each still a table of its own name;
 2. **hot tier** (``add_hot_tier``): with ``hot.budget > 0`` the hottest rows of each table move
    to worker-local variables (``hot_cold.py``, ``hot/``); the table list then holds the
    hot/cold tables in place of the plain ones. Done before the slots, whose tables it reads;
@@ -30,13 +32,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ConfigError
-from gmeta_tf.embedding import table_files
+from gmeta_tf.embedding import fused, table_files
 from gmeta_tf.embedding.column_split import ColumnSplitTable, sync_block_iterations, table_iterations
 from gmeta_tf.embedding.devices import table_devices
 from gmeta_tf.embedding.hot.rows import HotRows, build_hot_rows
@@ -61,25 +64,37 @@ class TrainableRows:
 def create_tables(names: Sequence[str], dim: int, *, namespace: str, ps_tasks: int,
                   placement: Mapping[str, object], init_stddev: float, seed: int, bp_v2: bool,
                   expected_rows: Mapping[str, int], counted: Sequence[str] = (),
-                  init_rows: str = "missing") -> List[Table]:
+                  init_rows: str = "missing", fuse: bool = False) -> List[Table]:
     """One table per name, in order (table i is seeded ``seed + i``); ``init_rows``
     (``model.init_rows``) says which lookups draw initial rows (``EmbeddingTable``). ``placement[name]`` is a
     list of PS tasks, a ``ColumnSplit`` (the planner's column blocks), or absent (every PS).
-    ``counted`` tables (``model.max_rows``) count each id's updates, for ``Embeddings.evict``."""
-    tables: List[Table] = []
+    ``counted`` tables (``model.max_rows``) count each id's updates, for ``Embeddings.evict``.
+    ``fuse`` (``model.fuse_tables``): the tables that share devices (and dim) are the members of
+    one ``FusedTable`` (``fused.py``), each still a table of its own name for everything above."""
+    tables: List[Optional[Table]] = [None] * len(names)
+    keys = []
     for i, name in enumerate(names):
         spec = placement.get(name)
         if name in counted and isinstance(spec, ColumnSplit):
             raise ConfigError(f"config key 'model.max_rows': table {name!r} is column-split by the placement; "
                               f"bounding a split table's rows is not supported, drop one of the two")
         if isinstance(spec, ColumnSplit):  # planner's column split: n tables of dim d/n
-            tables.append(ColumnSplitTable(name, dim, spec.columns, ps_tasks, namespace, init_stddev,
-                                           seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0),
-                                           init_rows=init_rows))
-        else:
-            tables.append(EmbeddingTable(name, dim, table_devices(ps_tasks, spec), namespace, init_stddev,
+            tables[i] = ColumnSplitTable(name, dim, spec.columns, ps_tasks, namespace, init_stddev,
                                          seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0),
-                                         counted=name in counted, init_rows=init_rows))
+                                         init_rows=init_rows)
+        keys.append(None if isinstance(spec, ColumnSplit) or not fuse else
+                    fused.group_key(table_devices(ps_tasks, spec), dim, name in counted, init_rows))
+    for idx in fused.groups(keys):
+        devices = table_devices(ps_tasks, placement.get(names[idx[0]]))
+        group = fused.FusedTable([(names[i], seed + i) for i in idx], dim, devices, namespace, init_stddev,
+                                 bp_v2=bp_v2, expected_rows=sum(expected_rows.get(names[i], 0) for i in idx))
+        for i, member in zip(idx, group.members):
+            tables[i] = member
+    for i, name in enumerate(names):
+        if tables[i] is None:
+            tables[i] = EmbeddingTable(name, dim, table_devices(ps_tasks, placement.get(name)), namespace, init_stddev,
+                                       seed=seed + i, bp_v2=bp_v2, expected_rows=expected_rows.get(name, 0),
+                                       counted=name in counted, init_rows=init_rows)
     return tables
 
 
@@ -102,8 +117,12 @@ class Embeddings:
         return [t.name for t in self.tables]
 
     def storage(self) -> List[EmbeddingTable]:
-        """The TFRA tables themselves (a column-split table is several): train, save, size these."""
-        return [s for t in self.tables for s in t.storage()]
+        """The TFRA tables themselves (a column-split table is several, the members of a fused
+        table share one): train, save, size these."""
+        return list({id(s): s for t in self.tables for s in t.storage()}.values())
+
+    def fused(self) -> List[fused.FusedTable]:
+        return [t for t in self.storage() if isinstance(t, fused.FusedTable)]
 
     def shadows(self) -> List[tf.Variable]:
         return [t.shadow for t in self.storage()]
@@ -146,7 +165,10 @@ class Embeddings:
             self.requests = PsRequests(self.tables, emb_opt)
         self.optimizers = emb_opt
         if self.hot is not None:
-            self.hot.attach(emb_opt)
+            # A hot table whose cold rows are read with other tables' (its base is a fused
+            # member, or a PS request takes it) is not read ahead: ``lookup.together``.
+            self.hot.attach(emb_opt, lambda t: isinstance(t.base, fused.FusedMember) or
+                            (self.requests is not None and self.requests.takes(t.base)))
 
     def wait_until_created(self) -> None:
         """Block until the PS has really executed this process's table and slot creation.
@@ -158,7 +180,7 @@ class Embeddings:
         from tensorflow.python.eager import context
 
         for table in self.storage():
-            for var in [table.variable, *table.slot_variables(self._opt().for_shadow(table.shadow))]:
+            for var in table.variables(self._opt().for_shadow(table.shadow)):
                 for shard in range(len(var.devices)):
                     int(var.size(shard).numpy())
         context.async_wait()
@@ -253,22 +275,42 @@ class Embeddings:
         return list(self._opt().iterations().values()) + (self.hot.state_variables if self.hot is not None else [])
 
     # -- checkpoint -------------------------------------------------------------------------------
-    def step_counters(self) -> Dict[str, tf.Variable]:
-        """The optimizers' step counters, one per model table: what the dense checkpoint tracks."""
-        return table_iterations(self.tables, self._opt())
+    def step_counters(self) -> Dict[str, object]:
+        """The optimizers' step counters, one per model table: what the dense checkpoint tracks.
+        The members of a fused table share one, saved under each name (``fused.CounterView``)."""
+        counters = table_iterations(self.tables, self._opt())
+        shared = {t.name for t in self.tables if isinstance(t.storage()[0], fused.FusedTable)}
+        return {name: fused.CounterView(v) if name in shared else v for name, v in counters.items()}
+
+    def rows(self) -> Iterator[Tuple[str, np.ndarray, np.ndarray]]:
+        """``(file key, keys, values)`` of every table, slot table and update count, by model
+        table: a fused table's rows are decoded into its members' (``FusedTable.logical_rows``),
+        so the files are the same whether the run fused its tables or not."""
+        for key, var in self._files().items():
+            yield (key, *table_files.export_variable(var))
+        for table in self.fused():
+            for key, (keys, values) in table.logical_rows(self._opt().for_shadow(table.shadow)).items():
+                yield key, keys, values
 
     def export(self, checkpoint_dir: str) -> Dict[str, int]:
-        """Write every TFRA table and slot table under ``checkpoint_dir/tables``; rows per file."""
-        return table_files.write_tables(checkpoint_dir, self._files())
+        """Write every model table and slot table under ``checkpoint_dir/tables``; rows per file."""
+        return table_files.write_rows(checkpoint_dir, self.rows())
 
     def restore(self, checkpoint_dir: str) -> None:
-        """Refill every table and slot table from ``checkpoint_dir`` (re-cutting column splits)
-        after the step counters were read (a split table's blocks take its one counter)."""
+        """Refill every table and slot table from ``checkpoint_dir`` (re-cutting column splits,
+        encoding a fused table's keys) after the step counters were read (a split table's blocks
+        take its one counter)."""
         sync_block_iterations(self.tables, self._opt())
         table_files.restore_tables(checkpoint_dir, self._files(), self.names)
+        for table in self.fused():
+            opt = self._opt().for_shadow(table.shadow)
+            keys = [m.name + suffix for suffix in table.file_suffixes(opt) for m in table.members]
+            table.restore_rows({k: table_files.load_rows(checkpoint_dir, k, self.names) for k in keys}, opt)
 
     def _files(self) -> Dict[str, object]:
-        return table_files.files_of(self.storage(), self._opt())
+        """``{file key: TFRA variable}`` of the tables saved as they are (not fused)."""
+        return table_files.files_of([t for t in self.storage() if not isinstance(t, fused.FusedTable)],
+                                    self._opt())
 
     def _opt(self) -> TableOptimizers:
         if self.optimizers is None:

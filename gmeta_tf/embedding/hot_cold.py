@@ -31,6 +31,7 @@ flows to that buffer and ``HotRows.apply`` updates the cold rows too.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List
 
 import numpy as np
@@ -41,6 +42,24 @@ from gmeta_tf.embedding.table import EmbeddingTable, UniqueLookup
 
 MISS_TEXT = ("an id outside the hot set, which the id profile said holds every train id; "
              "re-run gmeta data profile on this data")
+
+
+@dataclass
+class HotSplit:
+    """A batch's unique ids (``index``: each input position's), their hot ``slot`` (-1: cold or
+    the pad), and the positions among them of the cold, hot and pad ids."""
+
+    uniq: tf.Tensor
+    index: tf.Tensor
+    slot: tf.Tensor
+    cold_pos: tf.Tensor
+    hot_pos: tf.Tensor
+    pad_pos: tf.Tensor
+
+    @property
+    def cold(self) -> tf.Tensor:
+        """The distinct cold ids: what the PS serves."""
+        return tf.gather(self.uniq, self.cold_pos)
 
 
 class HotColdTable:
@@ -71,14 +90,14 @@ class HotColdTable:
         return self.base.size()
 
     def storage(self) -> List[EmbeddingTable]:
-        return [self.base]
+        return self.base.storage()
 
     @property
     def num_hot(self) -> int:
         return len(self.hot_ids)
 
-    def split(self, ids):
-        """(unique ids, index, slot, cold / hot / pad positions among the unique ids)."""
+    def split(self, ids) -> "HotSplit":
+        """The batch's unique ids, each one's hot slot, and which are cold, hot or the pad."""
         flat = tf.concat([tf.reshape(x, [-1]) for x in ids], axis=0)
         uniq, index = tf.unique(flat, out_idx=tf.int32)
         slot = self.slot_of.lookup(uniq)
@@ -87,33 +106,42 @@ class HotColdTable:
         cold_pos = tf.cast(tf.reshape(tf.where(valid & ~hot), [-1]), tf.int32)
         hot_pos = tf.cast(tf.reshape(tf.where(hot), [-1]), tf.int32)
         pad_pos = tf.cast(tf.reshape(tf.where(~valid), [-1]), tf.int32)
-        return uniq, index, slot, cold_pos, hot_pos, pad_pos
+        return HotSplit(uniq, index, slot, cold_pos, hot_pos, pad_pos)
 
     def cold_ids(self, ids) -> tf.Tensor:
         """The distinct cold ids of a batch, in the order ``lookup_unique`` looks them up."""
-        uniq, _, _, cold_pos, _, _ = self.split(ids)
-        return tf.gather(uniq, cold_pos)
+        return self.split(ids).cold
+
+    def cold_together(self, trainable: bool) -> bool:
+        """Whether this table's cold rows can be read with other tables' rows (its base's
+        fused table, a PS request: ``lookup.lookup_batch``): not when every id is hot (no PS
+        work), nor when the cold rows of a trainable lookup were read ahead (``prefetch``)."""
+        return not self.local_only and not (trainable and self.prefetch is not None)
 
     def lookup_unique(self, ids, trainable: bool = True) -> UniqueLookup:
-        uniq, index, slot, cold_pos, hot_pos, pad_pos = self.split(ids)
-        hot = slot >= 0
+        split = self.split(ids)
         if self.local_only:
-            served = tf.size(hot_pos) + tf.size(pad_pos)
-            record = self.misses.assign(tf.cast(tf.size(uniq) - served, tf.int64))
+            hot = split.slot >= 0
+            served = tf.size(split.hot_pos) + tf.size(split.pad_pos)
+            record = self.misses.assign(tf.cast(tf.size(split.uniq) - served, tf.int64))
             with tf.control_dependencies([record]):
-                tf.debugging.assert_equal(served, tf.size(uniq),
+                tf.debugging.assert_equal(served, tf.size(split.uniq),
                                           message=f"hot table {self.base.name}: {MISS_TEXT}")
-            rows = tf.gather(self.values, tf.maximum(slot, 0)) * tf.cast(hot, tf.float32)[:, None]
-            return UniqueLookup(rows=rows, index=index)
+            rows = tf.gather(self.values, tf.maximum(split.slot, 0)) * tf.cast(hot, tf.float32)[:, None]
+            return UniqueLookup(rows=rows, index=split.index)
         if trainable and self.prefetch is not None:
-            cold_rows = self.prefetch.rows(tf.gather(uniq, cold_pos))
+            cold_rows = self.prefetch.rows(split.cold)
         else:
-            cold = self.base.lookup_unique([tf.gather(uniq, cold_pos)], trainable=trainable)
+            cold = self.base.lookup_unique([split.cold], trainable=trainable)
             cold_rows = tf.gather(cold.rows, cold.index)
-        hot_rows = tf.gather(self.values, tf.gather(slot, hot_pos))
-        pad_rows = tf.zeros([tf.size(pad_pos), self.base.dim], tf.float32)
-        rows = tf.dynamic_stitch([cold_pos, hot_pos, pad_pos], [cold_rows, hot_rows, pad_rows])
-        return UniqueLookup(rows=tf.reshape(rows, [-1, self.base.dim]), index=index)
+        return self.join(split, cold_rows)
+
+    def join(self, split: "HotSplit", cold_rows: tf.Tensor) -> UniqueLookup:
+        """The batch's rows: ``cold_rows`` (one per ``split.cold`` id), the hot rows, the pad."""
+        hot_rows = tf.gather(self.values, tf.gather(split.slot, split.hot_pos))
+        pad_rows = tf.zeros([tf.size(split.pad_pos), self.base.dim], tf.float32)
+        rows = tf.dynamic_stitch([split.cold_pos, split.hot_pos, split.pad_pos], [cold_rows, hot_rows, pad_rows])
+        return UniqueLookup(rows=tf.reshape(rows, [-1, self.base.dim]), index=split.index)
 
     def hot_mask(self, ids: tf.Tensor) -> tf.Tensor:
         """True where an id is served locally (for the benchmark's local-share figure)."""

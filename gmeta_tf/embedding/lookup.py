@@ -18,6 +18,8 @@ import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
 import gmeta_tf  # noqa: F401
+from gmeta_tf.embedding.fused import FusedMember
+from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.ps_requests import PsRequests
 from gmeta_tf.embedding.table import Table, UniqueIds, UniqueLookup
 
@@ -69,14 +71,11 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
                  multi_names: Sequence[str], *, trainable: bool, per_task: bool,
                  requests: Optional[PsRequests] = None) -> SparseState:
     """``requests`` (``model.ps_requests: per_ps``) looks up the tables it takes in one request
-    per PS; every other table looks itself up."""
+    per PS; the members of a fused table are looked up together (``together``); every other
+    table looks itself up."""
     ids = feature_ids(batch, cat_names, multi_names)
-    looked: Dict[int, UniqueLookup] = {}
-    if requests is not None and trainable and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN:
-        mine = [i for i, t in enumerate(tables) if requests.takes(t)]
-        uniq = [UniqueIds.of(ids[i][:2]) for i in mine]
-        rows = requests.find([tables[i] for i in mine], [u.real for u in uniq]) if mine else []
-        looked = {i: u.lookup(r, tables[i].dim) for i, u, r in zip(mine, uniq, rows)}
+    train = trainable and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN
+    looked = together(tables, [x[:2] for x in ids], trainable, requests if train else None)
     feats = []
     for i, (table, (s_ids, q_ids, multi)) in enumerate(zip(tables, ids)):
         got = looked[i] if i in looked else table.lookup_unique([s_ids, q_ids], trainable=trainable)
@@ -100,6 +99,44 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
             multi=multi,
         ))
     return SparseState(feats)
+
+
+def together(tables: Sequence[Table], ids: Sequence[Sequence[tf.Tensor]], trainable: bool,
+             requests: Optional[PsRequests] = None) -> Dict[int, UniqueLookup]:
+    """The lookups made together, by table index: every member of a fused table (one find and
+    one shadow per fused table, ``FusedTable.lookup_members``) and, with ``requests``, every
+    table it takes (one request per PS). A hot/cold table joins with its cold ids (hot rows stay
+    local), unless it has no PS work or its cold rows were read ahead."""
+    parts = []  # (table index, table, rows owner, unique ids or hot split, the ids to read)
+    for i, t in enumerate(tables):
+        hot = isinstance(t, HotColdTable)
+        owner = t.base if hot else t
+        if not (isinstance(owner, FusedMember) or (requests is not None and requests.takes(owner))):
+            continue
+        if hot and not t.cold_together(trainable):
+            continue
+        plan = t.split(ids[i]) if hot else UniqueIds.of(ids[i])
+        parts.append((i, t, owner, plan, plan.cold if hot else plan.real))
+    rows = _rows(parts, trainable, requests)
+    return {i: t.join(plan, r) if isinstance(t, HotColdTable) else plan.lookup(r, t.dim)
+            for (i, t, _, plan, _), r in zip(parts, rows)}
+
+
+def _rows(parts, trainable: bool, requests: Optional[PsRequests]) -> List[tf.Tensor]:
+    out: List[Optional[tf.Tensor]] = [None] * len(parts)
+    sent = [k for k, p in enumerate(parts) if requests is not None and requests.takes(p[2])]
+    if sent:
+        for k, r in zip(sent, requests.find([parts[k][2] for k in sent], [parts[k][4] for k in sent])):
+            out[k] = r
+    by_fused: Dict[int, List[int]] = {}
+    for k, p in enumerate(parts):
+        if out[k] is None:
+            by_fused.setdefault(id(p[2].fused), []).append(k)
+    for ks in by_fused.values():
+        fused = parts[ks[0]][2].fused
+        for k, r in zip(ks, fused.lookup_members([(parts[k][2], parts[k][4]) for k in ks], trainable)):
+            out[k] = r
+    return out
 
 
 def _task_axis(ids: tf.Tensor, t: tf.Tensor) -> tf.Tensor:

@@ -27,8 +27,17 @@ shadow's gradient is only meaningful for the ids its step looked up (TFRA's shad
 works the same way, hazard 3 in docs/architecture.md). A table is served here only where its
 semantics are the per-table path's exactly (``serves``), ``bp_v2`` included (the apply adds
 deltas, as TFRA's does). A table with counted rows (``model.max_rows``: TFRA's apply also
-counts them) or ``init_rows: all`` keeps TFRA's path, as does every hot/cold table and every
-column-split table (its blocks are looked up by the split table itself).
+counts them) or ``init_rows: all`` keeps TFRA's path, as does every column-split table (its
+blocks are looked up by the split table itself); a hot/cold table's cold rows are its base's.
+
+**Fused tables** (``fused.py``). A request's ids are logical ids, cut by shard with the
+fused table's partition function; on the PS the ids of every member of one fused table and
+shard are encoded (``KeyCodec``) and found together, so the finds, slot finds and inserts are
+one per (physical table, shard) whatever the number of logical tables: a PS's hash-table ops
+per step depend on its fused tables, not its features. Initial rows stay per logical table
+(each id's own table key), and new large ids are recorded (``FusedTable.record``) on the PS.
+The hot/cold split's cold rows join their table's request the same way (``lookup.together``):
+hot rows stay on the worker, a table whose rows are all hot sends nothing.
 """
 from __future__ import annotations
 
@@ -40,6 +49,8 @@ import tensorflow_recommenders_addons as tfra
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding import initial_rows
+from gmeta_tf.embedding.fused import FusedMember, FusedTable
+from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.optimizers import TableOptimizers, optimizer_kind, row_update
 from gmeta_tf.embedding.table import EmbeddingTable
 
@@ -52,31 +63,53 @@ APPLY_SCOPE = "ps_request_apply"
 
 
 @dataclass
+class _Member:
+    """One logical table's ids on one shard, in a request: ``owner`` (an ``EmbeddingTable`` or
+    a ``FusedMember``) reads rows of ``phys`` (itself, or its fused table)."""
+
+    owner: object
+    phys: EmbeddingTable
+    shard: int
+
+
+@dataclass
+class _Group:
+    """The members of one request on one (physical table, shard), consecutive in the request:
+    one find and one write per slot table for all of them. PS-side tensors."""
+
+    phys: EmbeddingTable
+    shard: int
+    members: List[int]
+    keys: Optional[tf.Tensor] = None  # the physical keys (encoded for a fused table)
+    exists: Optional[tf.Tensor] = None  # ``bp_v2``'s accum
+
+
+@dataclass
 class _Request:
-    """What one PS device serves for one row width: ``members`` are (table, shard) pairs in the
-    order their ids are concatenated. ``sizes`` is worker-side; ``ids`` and ``rows`` (found and
-    filled) live on the PS, where the apply reuses them."""
+    """What one PS device serves for one row width: ``members`` in the order their ids are
+    concatenated, grouped by (physical table, shard). ``sizes`` is worker-side; the groups'
+    keys and ``rows`` (found and filled) live on the PS, where the apply reuses them."""
 
     index: int  # in the step's list of requests
     device: str
     dim: int
-    members: List[Tuple[EmbeddingTable, int]] = field(default_factory=list)
-    pieces: List[tf.Tensor] = field(default_factory=list)  # worker-side ids of each member
+    members: List[_Member] = field(default_factory=list)
+    pieces: List[tf.Tensor] = field(default_factory=list)  # worker-side logical ids of each member
     sizes: Optional[tf.Tensor] = None
-    ids: List[tf.Tensor] = field(default_factory=list)  # PS-side, per member
+    groups: List[_Group] = field(default_factory=list)
     rows: Optional[tf.Tensor] = None  # PS-side [N, dim]
     parts: List[tf.Tensor] = field(default_factory=list)  # worker-side: ``rows`` split per member
-    exists: List[tf.Tensor] = field(default_factory=list)  # PS-side, per member (``bp_v2``'s accum)
 
 
 @dataclass
 class _Cut:
-    """How one table's unique ids were cut by shard: ``part`` (shard of each id, for cutting its
+    """How one lookup part's ids were cut by shard: ``part`` (shard of each id, for cutting its
     gradient the same way) and, per shard, the (request, member) that carries it."""
 
     part: tf.Tensor
     positions: List[tf.Tensor]
     slots: List[Tuple[int, int]]
+    size: tf.Tensor  # the part's ids
 
 
 class UnmatchedApplyError(RuntimeError):
@@ -84,10 +117,21 @@ class UnmatchedApplyError(RuntimeError):
     error in the step, which would otherwise update rows the gradient does not belong to."""
 
 
+def physical(owner) -> EmbeddingTable:
+    """The TFRA table holding a table's rows: a fused member's fused table, else itself."""
+    return owner.fused if isinstance(owner, FusedMember) else owner
+
+
 def serves(table) -> bool:
     """Whether a table's lookup and apply can go through a PS request with the per-table path's
-    exact semantics (module docstring)."""
-    return type(table) is EmbeddingTable and table.init_rows == "missing" and table.frequency is None
+    exact semantics (module docstring): a plain or fused table (or a member of one)."""
+    t = physical(table)
+    return (type(t) in (EmbeddingTable, FusedTable) and t.init_rows == "missing" and t.frequency is None)
+
+
+def owners(tables: Sequence) -> List:
+    """Whose rows a request reads for each table: a hot/cold table's base (its cold rows)."""
+    return [t.base if isinstance(t, HotColdTable) else t for t in tables]
 
 
 def resolve(mode: str, tables: Sequence) -> str:
@@ -97,15 +141,18 @@ def resolve(mode: str, tables: Sequence) -> str:
     ``meta_step_ps_requests``), while at 2 workers + 2 PS they took it from 77 to 33 ms."""
     if mode != "auto":
         return mode
-    on_ps = any("/job:ps" in d for t in tables if serves(t) for d in t.devices)
+    on_ps = any("/job:ps" in d for t in owners(tables) if serves(t) for d in t.devices)
     return "per_ps" if on_ps else "per_table"
 
 
 class PsRequests:
     """The step's PS requests for the tables it ``serves``; built once the slot tables exist."""
 
-    def __init__(self, tables: Sequence[EmbeddingTable], optimizers: TableOptimizers):
-        self.tables = [t for t in tables if serves(t)]
+    def __init__(self, tables: Sequence, optimizers: TableOptimizers):
+        self.tables: List[EmbeddingTable] = []  # the physical tables served
+        for t in owners(tables):
+            if serves(t) and not any(physical(t) is p for p in self.tables):
+                self.tables.append(physical(t))
         self.optimizers = optimizers
         self.kind = optimizer_kind(optimizers.kind)
         self._slots: Dict[str, Dict[str, object]] = {}
@@ -116,59 +163,89 @@ class PsRequests:
                                    f"with the table; PS requests need them beside their rows")
             self._slots[t.name] = slots
         self._shadows = {t.shadow.name for t in self.tables}
-        self._pending: Dict[str, Tuple[EmbeddingTable, _Cut]] = {}  # shadow name -> its step's cut
+        # shadow name -> (its physical table, each lookup part's cut in the order of its keys)
+        self._pending: Dict[str, Tuple[EmbeddingTable, List[_Cut]]] = {}
         self._requests: List[_Request] = []
 
     def takes(self, table) -> bool:
-        return any(table is t for t in self.tables)
+        """Whether ``table`` (a plain table or a fused member; a hot table's base) is served."""
+        return serves(table) and any(physical(table) is t for t in self.tables)
 
     # -- lookup -------------------------------------------------------------------------------
-    def find(self, tables: Sequence[EmbeddingTable], ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+    def find(self, tables: Sequence, ids: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         """Rows of each table's unique real ``ids`` (found, missing ones filled), one request per
-        PS and row width, and each table's shadow set to them as TFRA's trainable lookup does:
-        what the tape differentiates and what ``apply`` later updates."""
-        requests: Dict[Tuple[str, int], _Request] = {}
-        cuts = []
+        PS and row width, and each physical table's shadow set to them as TFRA's trainable
+        lookup does: what the tape differentiates and what ``apply`` later updates."""
+        phys = [physical(t) for t in tables]
+        rank = {id(p): r for r, p in reversed(list(enumerate(phys)))}  # first appearance
+        order = sorted(range(len(tables)), key=lambda k: rank[id(phys[k])])  # stable: parts of a table together
+        cuts: Dict[int, _Cut] = {}
+        keys = _keys(tables, ids, phys, order)
+        entries = []
         with tf.name_scope(LOOKUP_SCOPE):
-            for table, real in zip(tables, ids):
-                var = table.variable
-                part = var.partition_fn(real, var.shard_num)
-                pieces = tf.dynamic_partition(real, part, var.shard_num)
-                positions = tf.dynamic_partition(tf.range(tf.shape(real)[0]), part, var.shard_num)
-                slots = []
-                for shard, device in enumerate(table.devices):
-                    if (device, table.dim) not in requests:
-                        requests[(device, table.dim)] = _Request(len(requests), device, table.dim)
-                    req = requests[(device, table.dim)]
-                    slots.append((req.index, len(req.members)))
-                    req.members.append((table, shard))
-                    req.pieces.append(pieces[shard])
-                cuts.append(_Cut(part, positions, slots))
+            for pos, k in enumerate(order):
+                p, real = phys[k], ids[k]
+                part = p.variable.partition_fn(keys[k], p.variable.shard_num)
+                pieces = tf.dynamic_partition(real, part, p.variable.shard_num)
+                positions = tf.dynamic_partition(tf.range(tf.shape(real)[0]), part, p.variable.shard_num)
+                cuts[k] = _Cut(part, positions, [None] * len(p.devices), tf.shape(real)[0])
+                for shard, device in enumerate(p.devices):
+                    entries.append(((device, p.dim), (rank[id(p)], shard, pos), k, shard, pieces[shard]))
+            requests: Dict[Tuple[str, int], _Request] = {}
+            for key, _, k, shard, piece in sorted(entries, key=lambda e: e[1]):  # groups consecutive
+                if key not in requests:
+                    requests[key] = _Request(len(requests), key[0], key[1])
+                req = requests[key]
+                cuts[k].slots[shard] = (req.index, len(req.members))
+                req.members.append(_Member(tables[k], phys[k], shard))
+                req.pieces.append(piece)
             self._requests = list(requests.values())
             for req in self._requests:
                 self._send(req)
-            out = []
-            for table, real, cut in zip(tables, ids, cuts):
+            out: List[Optional[tf.Tensor]] = [None] * len(tables)
+            for k in order:
+                cut = cuts[k]
                 shards = [self._requests[r].parts[m] for r, m in cut.slots]
                 rows = tf.dynamic_stitch(cut.positions, shards) if len(shards) > 1 else shards[0]
-                rows = tf.reshape(rows, [-1, table.dim])
-                out.append(table.remember(real, rows))
-                self._pending[table.shadow.name] = (table, cut)
+                out[k] = tf.reshape(rows, [-1, phys[k].dim])
+            for p in {id(q): q for q in phys}.values():  # one shadow write per physical table
+                ks = [k for k in order if phys[k] is p]
+                read = p.remember(tf.concat([keys[k] for k in ks], 0) if len(ks) > 1 else keys[ks[0]],
+                                  tf.concat([out[k] for k in ks], 0) if len(ks) > 1 else out[ks[0]])
+                for k, r in zip(ks, tf.split(read, [cuts[k].size for k in ks], num=len(ks)) if len(ks) > 1 else [read]):
+                    out[k] = r
+                self._pending[p.shadow.name] = (p, [cuts[k] for k in ks])
         return out
 
     def _send(self, req: _Request) -> None:
-        """The worker concatenates the ids, the PS splits them, finds and fills each member's rows
-        and concatenates them: one tensor each way (and the sizes)."""
+        """The worker concatenates the logical ids, the PS splits them, and per (physical table,
+        shard) encodes, finds and fills its members' rows at once; the rows come back as one
+        tensor (the ids and the sizes go out)."""
         req.sizes = tf.stack([tf.shape(p)[0] for p in req.pieces])
         cat = tf.concat(req.pieces, axis=0)
+        for m, member in enumerate(req.members):
+            last = req.groups[-1] if req.groups else None
+            if last is not None and last.phys is member.phys and last.shard == member.shard:
+                last.members.append(m)
+            else:
+                req.groups.append(_Group(member.phys, member.shard, [m]))
         with tf.device(req.device):
-            req.ids = tf.split(cat, req.sizes, num=len(req.members))
+            ids = tf.split(cat, req.sizes, num=len(req.members))
             found = []
-            for (table, shard), ids in zip(req.members, req.ids):
-                rows, exists = _find(table.variable, shard, ids, 0.0)
-                found.append(initial_rows.fill_missing(rows, exists, ids, table.row_key, table.dim,
-                                                       table.init_stddev))
-                req.exists.append(exists)
+            for g in req.groups:
+                owners_ = [req.members[m].owner for m in g.members]
+                gids = [ids[m] for m in g.members]
+                logical = tf.concat(gids, 0) if len(gids) > 1 else gids[0]
+                if isinstance(g.phys, FusedTable):
+                    g.keys = g.phys.codec.encode_parts([o.slot for o in owners_], gids)
+                    key = initial_rows.row_keys([o.row_key for o in owners_], [tf.shape(i)[0] for i in gids])
+                else:
+                    g.keys, key = logical, g.phys.row_key
+                rows, g.exists = _find(g.phys.variable, g.shard, g.keys, 0.0)
+                if isinstance(g.phys, FusedTable):
+                    g.phys.record(g.keys, logical, g.exists, shard=g.shard)
+                found.append(initial_rows.fill_missing(rows, g.exists, logical, key, g.phys.dim,
+                                                       g.phys.init_stddev))
             req.rows = tf.concat(found, axis=0)
         req.parts = tf.split(req.rows, req.sizes, num=len(req.members))
 
@@ -186,19 +263,21 @@ class PsRequests:
             return rest
         if set(mine) != set(self._pending):
             raise UnmatchedApplyError(f"PS requests: gradients for {sorted(mine)} but this step looked up "
-                               f"{sorted(self._pending)}; a step's apply must follow its own lookup")
+                                      f"{sorted(self._pending)}; a step's apply must follow its own lookup")
         grads: Dict[Tuple[int, int], tf.Tensor] = {}
         counters = []
         with tf.name_scope(APPLY_SCOPE):
             for name, grad in mine.items():
-                table, cut = self._pending[name]
-                grad = tf.reshape(tf.convert_to_tensor(grad), [-1, table.dim])
-                for slot, piece in zip(cut.slots, tf.dynamic_partition(grad, cut.part, table.variable.shard_num)):
-                    grads[slot] = piece
-                counters.append(self.optimizers.for_shadow(table.shadow).iterations)
+                phys, cuts = self._pending[name]
+                grad = tf.reshape(tf.convert_to_tensor(grad), [-1, phys.dim])
+                pieces = tf.split(grad, [c.size for c in cuts], num=len(cuts)) if len(cuts) > 1 else [grad]
+                for cut, piece in zip(cuts, pieces):
+                    for slot, g in zip(cut.slots, tf.dynamic_partition(piece, cut.part, phys.variable.shard_num)):
+                        grads[slot] = g
+                counters.append(self.optimizers.for_shadow(phys.shadow).iterations)
             for r, req in enumerate(self._requests):
-                steps = tf.stack([tf.cast(self.optimizers.for_shadow(t.shadow).iterations, tf.int64)
-                                  for t, _ in req.members])
+                steps = tf.stack([tf.cast(self.optimizers.for_shadow(m.phys.shadow).iterations, tf.int64)
+                                  for m in req.members])
                 cat = tf.concat([grads[(r, m)] for m in range(len(req.members))], axis=0)
                 with tf.device(req.device):
                     self._update(req, cat, steps)
@@ -208,20 +287,33 @@ class PsRequests:
         return rest
 
     def _update(self, req: _Request, grads: tf.Tensor, steps: tf.Tensor) -> None:
-        """On the PS: the members' slot rows, one row update for all, then per member and table
-        what TFRA's update would write: the new rows (``upsert``) or, with ``bp_v2``, their
-        difference to the rows the step read (``accum``)."""
-        split = lambda x: tf.split(x, req.sizes, num=len(req.members))  # noqa: E731
-        old = {s: [_find(self._slots[t.name][s], shard, ids, self.kind.slot_init)
-                   for (t, shard), ids in zip(req.members, req.ids)] for s in self.kind.slots}
+        """On the PS: the groups' slot rows, one row update for all, then per group what TFRA's
+        update would write: the new rows (``upsert``) or, with ``bp_v2``, their difference to
+        the rows the step read (``accum``)."""
+        sizes = [tf.shape(g.keys)[0] for g in req.groups]
+        split = lambda x: tf.split(x, sizes, num=len(req.groups)) if len(req.groups) > 1 else [x]  # noqa: E731
+        old = {s: [_find(self._slots[g.phys.name][s], g.shard, g.keys, self.kind.slot_init) for g in req.groups]
+               for s in self.kind.slots}
         iterations = tf.repeat(steps, req.sizes)[:, None]
         values, slots = row_update(self.kind.name, self.optimizers.lr, req.rows,
                                    {s: tf.concat([r for r, _ in old[s]], axis=0) for s in old}, grads, iterations)
         values, rows, slots = split(values), split(req.rows), {s: split(v) for s, v in slots.items()}
-        for i, ((t, shard), ids) in enumerate(zip(req.members, req.ids)):
-            _write(t.variable, shard, ids, rows[i], values[i], req.exists[i])
+        for i, g in enumerate(req.groups):
+            _write(g.phys.variable, g.shard, g.keys, rows[i], values[i], g.exists)
             for s in slots:
-                _write(self._slots[t.name][s], shard, ids, old[s][i][0], slots[s][i], old[s][i][1])
+                _write(self._slots[g.phys.name][s], g.shard, g.keys, old[s][i][0], slots[s][i], old[s][i][1])
+
+
+def _keys(tables: Sequence, ids: Sequence[tf.Tensor], phys: Sequence, order: Sequence[int]) -> Dict[int, tf.Tensor]:
+    """Each lookup part's physical keys: its ids, or a fused member's encoded keys (the parts of
+    one fused table encoded in one pass, then split)."""
+    out = {k: ids[k] for k in order if not isinstance(tables[k], FusedMember)}
+    for p in {id(q): q for q in phys if isinstance(q, FusedTable)}.values():
+        ks = [k for k in order if phys[k] is p]
+        keys = p.codec.encode_parts([tables[k].slot for k in ks], [ids[k] for k in ks])
+        parts = tf.split(keys, [tf.shape(ids[k])[0] for k in ks], num=len(ks)) if len(ks) > 1 else [keys]
+        out.update(zip(ks, parts))
+    return out
 
 
 def _find(var, shard: int, ids: tf.Tensor, default: float) -> Tuple[tf.Tensor, tf.Tensor]:

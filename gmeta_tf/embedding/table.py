@@ -17,6 +17,9 @@ from typing import Dict, List, Optional, Protocol, Sequence
 import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
+from tensorflow_recommenders_addons.dynamic_embedding.python.ops.dynamic_embedding_variable import (
+    default_partition_fn,
+)
 
 import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from gmeta_tf.embedding import initial_rows
@@ -80,7 +83,7 @@ class EmbeddingTable:
 
     def __init__(self, name: str, dim: int, devices: Sequence[str], namespace: str,
                  init_stddev: float, seed: int, bp_v2: bool = False, expected_rows: int = 0,
-                 counted: bool = False, init_rows: str = "missing"):
+                 counted: bool = False, init_rows: str = "missing", partitioner=None):
         if init_rows not in initial_rows.MODES:
             raise ValueError(f"init_rows must be one of {', '.join(initial_rows.MODES)}, got {init_rows!r}")
         self.name = name
@@ -103,6 +106,8 @@ class EmbeddingTable:
             # ``counted`` (model.max_rows): TFRA counts every id's updates in a status table of its
             # own (``frequency``), which ``evict`` reads and the checkpoint saves.
             restrict_policy=de.FrequencyRestrictPolicy if counted else None,
+            # A fused table's keys are placed by their id field (``fused_keys.KeyCodec.partition_fn``).
+            partitioner=partitioner or default_partition_fn,
         )
         self.shadow = de.shadow_ops.ShadowVariable(self.variable, name=f"{variable_name(namespace, name)}-shadow")
 
@@ -200,6 +205,10 @@ class EmbeddingTable:
             return []
         prefix = self.variable.name + "/"
         return [s for s in self.variable.get_slot_variables(optimizer) if s.name.startswith(prefix)]
+
+    def variables(self, optimizer) -> List["de.Variable"]:
+        """Every TFRA variable of this table: what creation waits for (``Embeddings.wait_until_created``)."""
+        return [self.variable, *self.slot_variables(optimizer)]
 
     def slot_tables(self, optimizer) -> Dict[str, "de.Variable"]:
         """``{slot name: slot table}`` (Adam: ``m``, ``v``)."""

@@ -15,7 +15,7 @@ used.
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -71,37 +71,44 @@ def files_of(tables: Sequence, emb_opt) -> Dict[str, object]:
     return out
 
 
-def write_tables(checkpoint_dir: str, variables: Dict[str, object]) -> Dict[str, int]:
-    """Export every variable to its file under ``checkpoint_dir/tables`` (each written whole:
-    ``storage.write_bytes``); returns the rows written per key (``meta.json`` lists them)."""
+def write_rows(checkpoint_dir: str, rows: Iterable[Tuple[str, np.ndarray, np.ndarray]]) -> Dict[str, int]:
+    """Write each ``(file key, keys, values)`` to its file under ``checkpoint_dir/tables`` (each
+    written whole: ``storage.write_bytes``); returns the rows written per key (``meta.json``
+    lists them). ``rows`` may be a generator: one table's rows in memory at a time."""
     tables_dir = storage.join(checkpoint_dir, TABLES_DIR)
     storage.makedirs(tables_dir)
-    rows = {}
-    for key, var in variables.items():
-        keys, values = export_variable(var)
+    written = {}
+    for key, keys, values in rows:
         storage.write_bytes(table_file(tables_dir, key), storage.npz_bytes(keys=keys, values=values))
-        rows[key] = int(len(keys))
-    return rows
+        written[key] = int(len(keys))
+    return written
 
 
 def restore_tables(checkpoint_dir: str, variables: Dict[str, object], table_names: Sequence[str]) -> None:
     """Replace every variable's rows with its file's, re-cutting a table saved under another
     column split; ``table_names`` are the model's (feature-level) table names."""
-    tables_dir = storage.join(checkpoint_dir, TABLES_DIR)
     for key, var in variables.items():
-        f = table_file(tables_dir, key)
-        if storage.exists(f):
-            keys, values = _load(f)
-        elif key.endswith(f".{FREQUENCY}"):  # a checkpoint of a run without model.max_rows: counts start at 0
-            var.clear()
-            continue
-        else:  # saved under another column split of the table (plan changed, or evaluation)
-            got = load_resplit(tables_dir, key, table_names)
-            if got is None:
-                raise CheckpointError(f"checkpoint {checkpoint_dir} has no table file {storage.basename(f)}")
-            keys, values = got
+        got = load_rows(checkpoint_dir, key, table_names)
         var.clear()
-        import_variable(var, keys, values)
+        if got is not None:
+            import_variable(var, *got)
+
+
+def load_rows(checkpoint_dir: str, key: str, table_names: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """The ``(keys, values)`` a restore gives file key ``key`` (a table, a column block, a slot
+    table), re-cut when the checkpoint holds it under another column split; None for update
+    counts a checkpoint of a run without ``model.max_rows`` does not have (they start at 0)."""
+    tables_dir = storage.join(checkpoint_dir, TABLES_DIR)
+    f = table_file(tables_dir, key)
+    if storage.exists(f):
+        return _load(f)
+    if key.endswith(f".{FREQUENCY}"):
+        return None
+    # saved under another column split of the table (plan changed, or evaluation)
+    got = load_resplit(tables_dir, key, table_names)
+    if got is None:
+        raise CheckpointError(f"checkpoint {checkpoint_dir} has no table file {storage.basename(f)}")
+    return got
 
 
 def read_table(checkpoint_dir: str, table_name: str) -> Tuple[np.ndarray, np.ndarray]:

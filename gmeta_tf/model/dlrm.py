@@ -12,6 +12,7 @@ import tensorflow as tf
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ConfigError, ModelConfig
 from gmeta_tf.embedding.collection import Embeddings, create_tables
+from gmeta_tf.embedding.fused import resolve as fuse_tables
 from gmeta_tf.embedding.naming import local_namespace
 from gmeta_tf.embedding.table import EmbeddingTable, Table
 from gmeta_tf.errors import ClusterError
@@ -46,7 +47,7 @@ class DLRM(TowerModel):
             create_tables(self.table_names, cfg.embedding_dim, namespace=self.namespace, ps_tasks=ps_tasks,
                           placement=placement, init_stddev=cfg.init_stddev, seed=cfg.seed, bp_v2=bp_v2,
                           expected_rows=rows, counted=list(cfg.max_rows),
-                          init_rows=cfg.init_rows),
+                          init_rows=cfg.init_rows, fuse=fuse_tables(cfg.fuse_tables)),
             self.cat_names, self.multi_names, ps_requests=cfg.ps_requests)
         self.tower = DenseTower(cfg, self.n_dense, len(self.tables))
         self.label_mean, self.label_std = label_scaling(schema)

@@ -39,6 +39,7 @@ class HotRows:
         self.prefetch = bool(prefetch)
         self.kind, self.lr = optimizer, float(lr)
         self.prefetched: List[HotColdTable] = []  # filled by attach
+        self.own: Dict[str, tf.Variable] = {}  # shadow -> step counter this tier advances (attach)
         self.tables: List[HotColdTable] = []
         self.skipped: List[str] = []
         # ``tables`` with the hot/cold ones in place of their plain tables: the owner
@@ -60,16 +61,26 @@ class HotRows:
         self.grad_sync = HotGradSync(sync, {t.name: t.num_hot for t in self.tables},
                                      {t.name: t.dim for t in self.tables}, touched_bound)
 
-    def attach(self, emb_opt) -> None:
-        """Give every table with PS work a ``ColdPrefetch`` (``hot.prefetch``). Called by the meta
-        step once the TFRA optimizer has created the slot tables the prefetch reads and writes."""
-        if not self.prefetch or self.prefetched:
-            return
-        for table in self.tables:
-            if not table.local_only:
-                table.prefetch = ColdPrefetch(table, self.kind, self.lr, self._slot_tables(table, emb_opt))
-                self.prefetched.append(table)
-        self._flush_fn = tf.function(self.flush_ops, autograph=False)
+    def attach(self, emb_opt, cold_together=lambda table: False) -> None:
+        """Give every table with PS work a ``ColdPrefetch`` (``hot.prefetch``), but those whose
+        cold rows are read with other tables' (``cold_together``: a fused table's member, a PS
+        request's table). Called by the meta step once the TFRA optimizer has created the slot
+        tables the prefetch reads and writes."""
+        if self.prefetch and not self.prefetched:
+            for table in self.tables:
+                if not table.local_only and not cold_together(table):
+                    table.prefetch = ColdPrefetch(table, self.kind, self.lr, self._slot_tables(table, emb_opt))
+                    self.prefetched.append(table)
+            self._flush_fn = tf.function(self.flush_ops, autograph=False)
+        # The TFRA tables whose step this tier applies: every logical table on them is served
+        # without TFRA's apply (local-only or read ahead). A fused table is the tier's only when
+        # all its members are: then the tier advances its one counter, once a step.
+        users: Dict[str, List] = {}
+        for t in self.all_tables:
+            for s in t.storage():
+                users.setdefault(s.shadow.name, []).append(t)
+        self.own = {name: emb_opt.by_shadow[name].iterations for name, ts in users.items()
+                    if all(isinstance(t, HotColdTable) and (t.local_only or t.prefetch is not None) for t in ts)}
 
     # -- inside the compiled step --------------------------------------------------------------
     @property
@@ -82,10 +93,9 @@ class HotRows:
         return [t.prefetch.trainable for t in self.prefetched]
 
     def remote_shadows(self, shadows: List) -> List:
-        """The shadows the TFRA optimizer still applies to: not local-only tables (no PS work)
-        nor prefetched ones (``apply`` updates their cold rows)."""
-        own = {t.base.shadow.name for t in self.tables if t.local_only or t.prefetch is not None}
-        return [s for s in shadows if s.name not in own]
+        """The shadows the TFRA optimizer (or a PS request) still applies to: not those of
+        local-only tables (no PS work) nor of prefetched ones (``apply`` updates their cold rows)."""
+        return [s for s in shadows if s.name not in self.own]
 
     def apply(self, grads: List, emb_opt, cold_grads: List = ()) -> List:
         """Aggregate over ranks, then update. Call before the tables' own apply (it reads their
@@ -100,8 +110,8 @@ class HotRows:
             self.opt.apply(table.values, table.name, slots, grad, iterations)
             if table.prefetch is not None:
                 done.append(table.prefetch.update(cold[table.name], iterations))
-            if table.local_only or table.prefetch is not None:
-                iterations.assign_add(1)
+        for iterations in self.own.values():  # after every read above; once per TFRA table
+            iterations.assign_add(1)
         return done
 
     def fetch(self, batch, cat_names, multi_names) -> List:
