@@ -37,7 +37,8 @@ def measure(data: str, work: Path, log=print, sets: Sequence[str] = ()) -> Dict[
     """The distributed row; ``sets`` (``KEY=VALUE`` overrides of the quickstart config) for A/B
     comparisons (``python -m bench.distributed compare``)."""
     from gmeta_tf.cli.main import cli
-    from launch.local_cluster import LocalCluster, launch_local
+    from launch.local_cluster import LocalCluster
+    from launch.supervisor import launch_local
 
     quiet = lambda m: None  # noqa: E731
     single = work / "dist-1proc"
@@ -79,7 +80,7 @@ def measure_ab(data: str, work: Path, variants: Dict[str, Sequence[str]], rounds
     median over ``rounds``: ``tasks_per_s_<name>`` each and every run's figure."""
     import statistics
 
-    from launch.local_cluster import launch_local
+    from launch.supervisor import launch_local
 
     got: Dict[str, List[float]] = {v: [] for v in variants}
     for r in range(rounds):

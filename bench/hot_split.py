@@ -117,7 +117,7 @@ def _rates(run: Path) -> Dict[str, float]:
 
 def measure(work: Path, log=print) -> Dict[str, float]:
     from gmeta_tf.data.id_profile import profile_ids, write_profile
-    from launch.local_cluster import launch_local
+    from launch.supervisor import launch_local
 
     quiet = lambda m: None  # noqa: E731
     out: Dict[str, float] = {"budget": BUDGET, "steps": STEPS, "tasks": TASKS, "per_worker_T": PER_WORKER_T}

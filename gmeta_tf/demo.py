@@ -26,7 +26,8 @@ def run_demo(config_path: str, out: str | Path, overrides: Sequence[str] = (), t
     from gmeta_tf.data.synth import synth
     from gmeta_tf.evaluation.evaluate import evaluate, write_eval
     from gmeta_tf.evaluation.report import format_table
-    from gmeta_tf.train.trainer import load_trained, train
+    from gmeta_tf.train.trained_run import load_trained
+    from gmeta_tf.train.trainer import train
 
     out = Path(out)
     raw, prepared = out / "data" / "raw", out / "data" / "prepared"

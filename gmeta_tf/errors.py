@@ -1,8 +1,22 @@
-"""Errors the user can act on. The CLI prints these as one line (exit 2), never a stack trace."""
+"""Errors the user can act on. The CLI prints these as one line, never a stack trace.
+
+The exit code is the error's ``exit_code`` (2 unless it says otherwise). Two kinds of failure
+get codes a scheduler can tell apart from a mistake of the user's: a Kubeflow ``restartPolicy:
+ExitCode`` restarts a pod whose container exits 128-255 and leaves one that exits 1-127 failed,
+so a bad config (2) is not retried forever while a preemption (143) or a cluster fault
+(``EXIT_CLUSTER_FAULT``) is.
+"""
+import re
+
+EXIT_USER_ERROR = 2
+EXIT_PREEMPTED = 128 + 15  # SIGTERM's own code: what a platform that sent it expects back
+EXIT_CLUSTER_FAULT = 200  # a lost PS or peer worker: retryable (128-255), and no signal's code
 
 
 class UserError(Exception):
     """Base class: the message must name the file / row / field / address at fault."""
+
+    exit_code = EXIT_USER_ERROR
 
 
 class DataError(UserError):
@@ -11,6 +25,24 @@ class DataError(UserError):
 
 class ClusterError(UserError):
     """A parameter server or worker could not be reached or failed."""
+
+
+class ClusterFaultError(ClusterError):
+    """A fault of the running cluster, not of the job's settings: a PS lost or restarted, a peer
+    worker that stopped answering. Re-running (or a restart policy) resumes from the last
+    checkpoint, so the exit code says "retry"."""
+
+    exit_code = EXIT_CLUSTER_FAULT
+
+
+class Preempted(UserError):
+    """The job was told to stop (SIGTERM / SIGINT to a worker or the launcher) and every rank
+    checkpointed at one agreed step first. Exits with the signal's own code (143 for SIGTERM)."""
+
+    def __init__(self, message: str, step: int, signum: int):
+        super().__init__(message)
+        self.step = step
+        self.exit_code = 128 + signum
 
 
 class CheckpointError(UserError):
@@ -23,3 +55,23 @@ class PlanError(UserError):
 
 class HotSetMissError(DataError):
     """A hot table served without the PS (its profile claimed every train id) met another id."""
+
+
+_TF_NOISE = re.compile(r"^(Graph execution error:|Detected at node|<stack traces unavailable>|\s|\[\[|$)")
+
+
+def tf_error_cause(message: str) -> str:
+    """The cause in a TensorFlow error message: "Graph execution error:" and the node and stack
+    lines around it say where, not why (the assertion's, kernel's or RPC's own text)."""
+    lines = [ln.strip() for ln in message.splitlines() if not _TF_NOISE.match(ln)]
+    cause = " ".join(lines) or (message.strip().splitlines() or [""])[0]
+    return re.sub(r"\s*\[\[\{\{node .*", "", cause).strip()
+
+
+def tf_error_first_cause(message: str) -> str:
+    """The first line of ``tf_error_cause``: for a one-line log message, where the rest of the
+    text (the ops and devices a failed RPC was serving) adds length, not a reason."""
+    for line in message.splitlines():
+        if not _TF_NOISE.match(line):
+            return re.sub(r"\s*\[\[\{\{node .*", "", line).strip()
+    return tf_error_cause(message)

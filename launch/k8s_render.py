@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -208,7 +209,8 @@ def render_manifests(
         env=container_env(),
         ports={"tfjob": TFJOB_PORT, "rendezvous": RENDEZVOUS_PORT, "health": HEALTH_PORT},
         replicas=resources,
-        restart_policy="OnFailure",
+        restart_policy=RESTART_POLICY,
+        termination_grace_s=termination_grace_s(cfg),
         backoff_limit=backoff_limit,
         scheduler_name=GANG_SCHEDULERS.get(gang_scheduler) if gang_scheduler else None,
         min_available=workers + ps,
@@ -219,6 +221,19 @@ def render_manifests(
         fs_group=IMAGE_GID,
     )
     return [configmap, tfjob]
+
+
+# Kubeflow's ExitCode policy restarts a pod whose container exited 128-255 (a signal, a
+# preemption: 143, a lost PS: EXIT_CLUSTER_FAULT) and leaves one that exited 1-127 failed (a bad
+# config exits 2): a mistake is not retried until backoffLimit, a fault is (docs/fault_tolerance.md).
+RESTART_POLICY = "ExitCode"
+GRACE_MARGIN_S = 5  # Python start-up of the signal handler, Horovod's shutdown, the PS's own exit
+
+
+def termination_grace_s(cfg) -> int:
+    """The pods' terminationGracePeriodSeconds: the trainer's preemption grace plus a margin, so
+    the kubelet's SIGKILL never lands inside a preemption checkpoint the trainer still has time for."""
+    return int(math.ceil(cfg.train.preemption_grace_s)) + GRACE_MARGIN_S
 
 
 def entrypoint_command(run_dir: str, data: str) -> List[str]:

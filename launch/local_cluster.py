@@ -49,6 +49,7 @@ def _die_with(parent: int):
             os._exit(1)
     return setup
 _RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+_STEP_SEEN = re.compile(r"\bstep (\d+)/\d+|\bat step (\d+)")
 _FIRST_FAILURE = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 
 
@@ -66,7 +67,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
             s.close()
 
 
-def _signal_name(code: int) -> str:
+def signal_name(code: int) -> str:
     # Popen reports a signal as -N; horovodrun reports its ranks' as 128 + N, the shell's way
     sig = -code if code < 0 else code - 128 if 128 < code < 160 else 0
     if sig:
@@ -97,6 +98,9 @@ class LocalCluster:
         self.children: List[Child] = []
         self.ps_addresses: List[str] = []
         self._lock = threading.Lock()
+        self.stop_signal: Optional[int] = None
+        self.stop_grace_s = 0.0
+        self.first_failure_at: Optional[float] = None  # wall clock of the first death seen
 
     # -- processes ----------------------------------------------------------------------------
     def spawn(self, name: str, argv: List[str], prefix: Optional[str] = None) -> Child:
@@ -142,23 +146,75 @@ class LocalCluster:
         return self.ps_addresses
 
     def run_workers(self, workers: int, worker_argv: List[str], timeout_s: Optional[float] = None) -> int:
+        """Run ``horovodrun`` to its end. A stop request (``request_stop``) is passed to every
+        rank as the signal itself, so they checkpoint at one agreed step
+        (``gmeta_tf/train/preemption.py``); horovodrun's own SIGTERM handling would give them 5 s."""
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))
         argv = [horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *worker_argv]
         self.log(f"[launch] {shlex.join(argv)}")
         child = self.spawn("horovodrun", argv)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        forwarded = None
         while child.proc.poll() is None:
             for c in self.ps_children():
                 if c.proc.poll() is not None and not c.stopping:
                     c.stopping = True  # report once; the workers fail on their own, naming it
-                    self.log(f"[launch] {c.name} died ({_signal_name(c.proc.returncode)})")
+                    self.first_failure_at = self.first_failure_at or time.time()
+                    self.log(f"[launch] {c.name} died ({signal_name(c.proc.returncode)})")
+            if self.stop_signal is not None and forwarded is None:
+                pids = self.rank_pids(child)
+                self.log(f"[launch] {signal.Signals(self.stop_signal).name}: asking {len(pids)} worker(s) for a "
+                         f"preemption checkpoint (grace {self.stop_grace_s:g} s)")
+                for pid in pids:
+                    try:
+                        os.kill(pid, self.stop_signal)
+                    except ProcessLookupError:
+                        pass
+                forwarded = time.monotonic() + self.stop_grace_s + 5.0
+            if forwarded is not None and time.monotonic() > forwarded:
+                self.log("[launch] workers still running after the grace period: stopping them")
+                self._stop(child)
+                break
             if deadline is not None and time.monotonic() > deadline:
                 self.log(f"[launch] workers still running after {timeout_s:.0f} s: stopping them")
                 self._stop(child)
                 return 124
-            time.sleep(0.2)
+            time.sleep(0.1)
+        self.first_failure_at = self.first_failure_at or (time.time() if child.proc.returncode else None)
         child.thread.join(timeout=5)
         return child.proc.returncode
+
+    def request_stop(self, signum: int, grace_s: float) -> None:
+        """Called from the launcher's signal handler: ``run_workers`` forwards it."""
+        self.stop_signal, self.stop_grace_s = signum, grace_s
+
+    @staticmethod
+    def rank_pids(horovodrun: Child) -> List[int]:
+        """The ``gmeta train`` rank processes under ``horovodrun`` (each in a session of its own,
+        behind Horovod's middleman and a shell, so neither its group nor its children list has them)."""
+        import psutil
+
+        out = []
+        try:
+            for p in psutil.Process(horovodrun.proc.pid).children(recursive=True):
+                try:
+                    cmd = p.cmdline()
+                except psutil.Error:
+                    continue
+                if "gmeta_tf.cli.main" in cmd and "train" in cmd:
+                    out.append(p.pid)
+        except psutil.Error:
+            pass
+        return out
+
+    def last_step_seen(self) -> Optional[int]:
+        """The newest step the ranks logged or named in a failure (``step N/M``, ``at step N``)."""
+        seen = None
+        for c in self.children:
+            for line in c.lines[-400:]:
+                for m in _STEP_SEEN.finditer(line):
+                    seen = max(seen or 0, int(m.group(1) or m.group(2)))
+        return seen
 
     def ps_children(self) -> List[Child]:
         return [c for c in self.children if c.name.startswith("ps:")]
@@ -205,47 +261,3 @@ class LocalCluster:
         for child in self.children:
             if child.thread is not None:
                 child.thread.join(timeout=2)
-
-
-def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[str], None] = print,
-                 timeout_s: Optional[float] = None, ps_ready_timeout_s: float = 120.0) -> int:
-    """Start ``ps`` PS tasks and ``workers`` Horovod ranks running ``gmeta train train_argv``.
-
-    Returns 0 on success; raises ``ClusterError`` naming every failed rank / PS otherwise.
-    """
-    if workers < 1 or ps < 0:
-        raise ClusterError(f"--workers must be >= 1 and --ps >= 0 (got {workers}, {ps})")
-    cluster = LocalCluster(log=log)
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-
-    def on_term(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for s in previous:  # a closed terminal (SIGHUP) tears down like Ctrl-C
-        signal.signal(s, on_term)
-    try:
-        addresses = cluster.start_ps(ps, ps_ready_timeout_s) if ps else []
-        argv = [sys.executable, "-m", "gmeta_tf.cli.main", "train", *train_argv]
-        if addresses:
-            argv += ["--ps", ",".join(addresses)]
-        code = cluster.run_workers(workers, argv, timeout_s)
-        problems = []
-        for rank, rc in sorted(cluster.failed_ranks().items()):
-            problems.append(f"worker rank {rank} failed ({_signal_name(rc)})")
-        for c in cluster.ps_children():
-            if c.proc.poll() is not None:
-                problems.append(f"{c.name} died ({_signal_name(c.proc.returncode)})")
-        if code == 124:
-            problems.append(f"timed out after {timeout_s:.0f} s")
-        if code != 0 and not problems:
-            problems.append(f"horovodrun failed ({_signal_name(code)})")
-        if problems:
-            raise ClusterError("launch failed: " + "; ".join(problems))
-        return 0
-    except KeyboardInterrupt:
-        log("[launch] interrupted: stopping every process")
-        raise
-    finally:
-        cluster.teardown()
-        for s, handler in previous.items():
-            signal.signal(s, handler)

@@ -3,7 +3,7 @@ import pytest
 
 from gmeta_tf.cluster.worker import load_placement
 from gmeta_tf.errors import ClusterError
-from launch.local_cluster import launch_local
+from launch.supervisor import launch_local
 
 
 def test_placement_file_is_read(tmp_path):
@@ -44,7 +44,7 @@ def test_lost_ps_error_names_the_ps_that_is_gone():
 
     from gmeta_tf.train.dense_sync import LocalSync
     from gmeta_tf.train.runtime import Runtime
-    from gmeta_tf.train.trainer import lost_ps_error
+    from gmeta_tf.train.failures import lost_ps_error
     from launch.local_cluster import free_ports
 
     alive = socket.socket()

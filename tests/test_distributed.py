@@ -28,7 +28,7 @@ from cluster_helpers import (
 from gmeta_tf.cluster.tf_config import parse_tf_config
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.evaluation.evaluate import evaluate
-from gmeta_tf.train.trainer import load_trained
+from gmeta_tf.train.trained_run import load_trained
 
 pytestmark = pytest.mark.integration  # real PS processes and horovodrun
 

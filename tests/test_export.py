@@ -40,7 +40,7 @@ def _test_split_inputs(run: Path, manifest: dict, out: Path) -> dict:
     from gmeta_tf.evaluation.evaluate import query_scores
     from gmeta_tf.export.client_inputs import task_inputs
     from gmeta_tf.metaio.reader import make_dataset
-    from gmeta_tf.train.trainer import load_trained
+    from gmeta_tf.train.trained_run import load_trained
 
     cfg, model, _ = load_trained(run)
     scores = query_scores(model, cfg)

@@ -17,7 +17,7 @@ from gmeta_tf.data.id_profile import load_profile, profile_ids, write_profile
 from gmeta_tf.embedding.hot.rows import hot_digest
 from gmeta_tf.embedding.hot.select import select_hot
 from gmeta_tf.evaluation.evaluate import evaluate
-from gmeta_tf.train.trainer import load_trained
+from gmeta_tf.train.trained_run import load_trained
 
 pytestmark = pytest.mark.integration  # horovodrun with real PS processes
 

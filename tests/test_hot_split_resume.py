@@ -11,7 +11,8 @@ from gmeta_tf.data.id_profile import load_profile, profile_ids, write_profile
 from gmeta_tf.embedding.hot.rows import HotRows, hot_digest
 from gmeta_tf.embedding.hot.select import select_hot
 from gmeta_tf.train.dense_sync import LocalSync
-from gmeta_tf.train.trainer import load_trained, train
+from gmeta_tf.train.trained_run import load_trained
+from gmeta_tf.train.trainer import train
 
 pytestmark = pytest.mark.integration  # several trainings to checkpoints
 

@@ -80,7 +80,8 @@ def test_render_validates_and_has_the_expected_shape(cfg, workers, ps, gpus):
                "--out", "/ckpt/meta-run", "--data", "/ckpt/data/prepared"]
     for role in ("PS", "Worker"):
         spec = specs[role]
-        assert spec["restartPolicy"] == "OnFailure"
+        assert spec["restartPolicy"] == "ExitCode"  # 128-255 retried, a bad config (2) not
+        assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == 30  # grace 25 s + 5
         pod = spec["template"]["spec"]
         assert "schedulerName" not in pod
         assert pod["securityContext"] == {"fsGroup": 1000}  # the image's group (tests/image checks it)

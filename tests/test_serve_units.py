@@ -134,7 +134,7 @@ def test_labels_and_empty_groups():
 
 @pytest.mark.fast
 def test_tf_error_cause_drops_where_and_keeps_why():
-    from gmeta_tf.serve.model import tf_error_cause
+    from gmeta_tf.errors import tf_error_cause
 
     message = ("Graph execution error:\n\nDetected at node inner_loop/MatrixSolve defined at (most recent call last):\n"
                "<stack traces unavailable>\nInput matrix is not invertible.\n"

@@ -16,7 +16,7 @@ from cluster_helpers import free_ports, rank_summaries, run_gmeta
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.evaluation.evaluate import evaluate
-from gmeta_tf.train.trainer import load_trained
+from gmeta_tf.train.trained_run import load_trained
 from launch.k8s_render import render_manifests, validate_tfjob
 from launch.local_cluster import LocalCluster
 from ps.server import wait_ready

@@ -15,7 +15,8 @@ from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import ConfigError
 from gmeta_tf.evaluation.evaluate import evaluate
 from gmeta_tf.train.checkpoint import CheckpointManager
-from gmeta_tf.train.trainer import load_trained, train
+from gmeta_tf.train.trained_run import load_trained
+from gmeta_tf.train.trainer import train
 from gmeta_tf.train.validation import BestTracker
 
 EVAL_EVERY, PATIENCE = 10, 2

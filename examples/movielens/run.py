@@ -128,7 +128,8 @@ def run_fold(out: Path, raw: Path, fold: int, overrides: Sequence[str] = (), *, 
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.evaluation.evaluate import evaluate_tasks
     from gmeta_tf.train.runtime import Runtime
-    from gmeta_tf.train.trainer import load_trained, train
+    from gmeta_tf.train.trained_run import load_trained
+    from gmeta_tf.train.trainer import train
 
     t0 = time.perf_counter()
     prepared = out / "data" / "prepared"

@@ -45,7 +45,7 @@ def friendly_errors(f):
             return f(*args, **kwargs)
         except (UserError, ConfigError) as e:
             click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            sys.exit(getattr(e, "exit_code", 2))
     return wrapper
 
 

@@ -29,8 +29,10 @@ def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume, w
     cfg = train_config(config_path, overrides, data, algo, steps, ",".join(tfc.ps) if tfc.ps else None)
     os.environ.update(worker_env(tfc))
     # The container's PID 1 gets no default SIGTERM action from the kernel: without a handler the
-    # kubelet's SIGTERM is dropped and the pod lingers until SIGKILL. Exit as a killed process
-    # would; a checkpoint being written is complete or absent (its meta.json is written last).
+    # kubelet's SIGTERM is dropped and the pod lingers until SIGKILL. Until training starts, exit
+    # as a killed process would; once it runs, the trainer's own handler takes over (every rank
+    # checkpoints at one agreed step, then exits 143: gmeta_tf/train/preemption.py). A lost PS
+    # exits EXIT_CLUSTER_FAULT (200): the rendered restartPolicy (ExitCode) retries both.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     rendezvous = start_rendezvous_if_rank0(tfc)
     try:

@@ -17,14 +17,24 @@ def launch():
 @launch.command("local")
 @click.option("--workers", type=int, default=2, show_default=True, help="Horovod ranks (horovodrun -np).")
 @click.option("--ps", "ps_count", type=int, default=2, show_default=True, help="Parameter-server processes to start.")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="Stop everything after this many seconds.")
+@click.option("--timeout", "timeout_s", type=float, default=None,
+              help="Stop everything after this many seconds (the whole job, restarts included).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="When a PS or a worker dies, start a fresh cluster and resume from the latest complete "
+                   "checkpoint, up to this many times (torchrun's flag; 0: stop on the first failure).")
+@click.option("--restart-backoff", "backoff_s", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="Seconds to wait before the first restart; doubled at each further one (at most 30).")
 @train_options(with_ps=False)
 @friendly_errors
-def local(workers, ps_count, timeout_s, config_path, overrides, data, run_dir, algo, steps, resume, warm_start):
-    """Run `gmeta train` as N workers with M PS on this host; every train option passes through."""
-    from launch.local_cluster import launch_local
+def local(workers, ps_count, timeout_s, max_restarts, backoff_s, config_path, overrides, data, run_dir, algo,
+          steps, resume, warm_start):
+    """Run `gmeta train` as N workers with M PS on this host; every train option passes through.
 
-    train_config(config_path, overrides, data, algo, steps)  # fail fast on a bad config, here
+    SIGTERM or Ctrl-C makes every worker checkpoint at one agreed step and exit (143 / 130)
+    within train.preemption_grace_s; a second one stops everything at once."""
+    from launch.supervisor import LaunchStopped, RestartPolicy, launch_local
+
+    cfg = train_config(config_path, overrides, data, algo, steps)  # fail fast on a bad config, here
     argv = []
     if config_path:
         argv += ["--config", config_path]
@@ -35,7 +45,11 @@ def local(workers, ps_count, timeout_s, config_path, overrides, data, run_dir, a
             argv += [flag, str(value)]
     argv += ["--out", run_dir, "--resume" if resume else "--no-resume"]
     try:
-        launch_local(workers, ps_count, argv, log=lambda m: click.echo(m), timeout_s=timeout_s)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        code = launch_local(workers, ps_count, argv, log=lambda m: click.echo(m), timeout_s=timeout_s,
+                            restarts=RestartPolicy(max_restarts, backoff_s), grace_s=cfg.train.preemption_grace_s)
+    except LaunchStopped as e:
+        sys.exit(128 + e.signum)
+    if code:
+        click.echo(f"[launch] run directory {run_dir}: re-run the same command to resume from its checkpoint")
+        sys.exit(code)
     click.echo(f"[launch] done: {workers} worker(s), {ps_count} PS; run directory {run_dir}")

@@ -93,7 +93,7 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
     from gmeta_tf.evaluation.report import format_paired, format_table
     from gmeta_tf.metaio.reader import load_schema
     from gmeta_tf.train.run_files import data_record
-    from gmeta_tf.train.trainer import load_trained
+    from gmeta_tf.train.trained_run import load_trained
 
     cfg, model, ckpt = load_trained(run_dir, overrides, checkpoint=which)
     result, tasks = evaluate_tasks(model, cfg, cfg.meta.algo, split)

@@ -303,9 +303,16 @@ class TrainConfig:
     # ``auto``: mae for ratings, auc for clicks; any metric key of ``gmeta eval`` (e.g. rmse,
     # logloss, ndcg_at_5, mae_finetune for an ERM run judged after fine-tuning).
     best_metric: str = "auto"
+    # Seconds between SIGTERM (or SIGINT) and the exit: every rank agrees on one step, saves a
+    # checkpoint there and exits 143 within it; past it the process exits at once (a checkpoint
+    # being written stays absent). 25 fits Kubernetes' default terminationGracePeriodSeconds (30),
+    # and `gmeta k8s render` sets the pods' period to this plus a margin.
+    preemption_grace_s: float = 25.0
 
     def __post_init__(self) -> None:
         _require(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        _require(self.preemption_grace_s > 0, "train.preemption_grace_s",
+                 f"must be > 0 seconds, got {self.preemption_grace_s}")
         _require(self.eval_every >= 0, "train.eval_every", f"must be >= 0, got {self.eval_every}")
         _require(self.early_stop_patience >= 0, "train.early_stop_patience",
                  f"must be >= 0, got {self.early_stop_patience}")

@@ -30,8 +30,8 @@ from gmeta_tf.export.frozen_model import FrozenModel
 from gmeta_tf.export.manifest import export_manifest
 from gmeta_tf.export.signatures import make_signatures, signature_inputs
 from gmeta_tf.train.checkpoint import META
+from gmeta_tf.train.model_build import CONFIG_FILE
 from gmeta_tf.train.run_files import check_data
-from gmeta_tf.train.trainer import CONFIG_FILE
 
 EXTRA = "assets.extra"
 MANIFEST = "export.json"

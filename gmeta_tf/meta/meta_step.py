@@ -55,6 +55,9 @@ class TrainStep:
         self.emb_opt = emb_opt
         self.sync = sync
         self.dense_vars: List[tf.Variable] = list(model.dense_variables.values())
+        # This rank's vote to stop after the step (train/preemption.py): it rides in the dense
+        # gradients' all-reduce, so every rank reads the same verdict in the step's ``stop``.
+        self.stop_vote = tf.Variable(0.0, trainable=False, dtype=tf.float32, name="gmeta_stop_vote")
         self._loss = loss_fn(model, meta)
         # meta.jit_compile: the dense math between the lookups and the applies as one XLA program.
         self._dense_step = DenseStep(model, meta) if jit_enabled(meta) else None
@@ -136,16 +139,23 @@ class TrainStep:
         m, h = len(self.shadows), len(self.shadows) + len(self.hot_vars)
         return loss, dense_grads, grads[:m], grads[m:h], grads[h:]
 
+    def vote_stop(self, stop: bool) -> None:
+        """Ask (or stop asking) every rank to stop after the next step; see ``_apply``."""
+        if bool(self.stop_vote.numpy()) != stop:
+            self.stop_vote.assign(float(stop))
+
     def _apply(self, batch: dict):
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
-        dense_grads = self.sync.allreduce(dense_grads)
+        *dense_grads, votes = self.sync.allreduce([*dense_grads, self.stop_vote.read_value()])
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
         done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads)
-        return loss, done
+        return {"loss": loss, "stop": votes > 0.0}, done
 
     def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
-        loss, _ = self._apply(batch)
-        return {"loss": loss}
+        """``loss``, and ``stop``: whether any rank voted to stop after this step (the mean of
+        the votes over ranks is above 0), the same on every rank."""
+        out, _ = self._apply(batch)
+        return out
 
     def _step_ahead(self, batch: dict, next_batch: dict) -> Dict[str, tf.Tensor]:
         """The step with prefetching tables: last step's cold writes, then the next batch's cold
@@ -153,6 +163,6 @@ class TrainStep:
         alongside it. The buffers are refilled (and patched with this step's updates) last."""
         self.embeddings.write_behind()
         ahead = self.embeddings.read_ahead(next_batch)
-        loss, done = self._apply(batch)
+        out, done = self._apply(batch)
         self.embeddings.keep_ahead(ahead, done)
-        return {"loss": loss}
+        return out

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 from prometheus_client import Counter
 
+from gmeta_tf.errors import tf_error_cause
 from gmeta_tf.serve import v1_format, v2_format
 from gmeta_tf.serve.access_log import SERVE_LOGGER
 from gmeta_tf.serve.batcher import BatchingConfig, MicroBatcher, not_batchable
@@ -29,17 +29,6 @@ MODEL_CALLS = Counter("gmeta_serve_model_calls", "calls of a signature's functio
                       ["model_name", "signature"])
 MODEL_ROWS = Counter("gmeta_serve_model_rows", "rows (first-dimension samples of the outputs) scored by those calls",
                      ["model_name", "signature"])
-
-_TF_NOISE = re.compile(r"^(Graph execution error:|Detected at node|<stack traces unavailable>|\s|\[\[|$)")
-
-
-def tf_error_cause(message: str) -> str:
-    """The cause in a TensorFlow error message: "Graph execution error:" and the node and stack
-    lines around it say where, not why (the assertion's or kernel's own text)."""
-    lines = [ln.strip() for ln in message.splitlines() if not _TF_NOISE.match(ln)]
-    cause = " ".join(lines) or message.strip().splitlines()[0]
-    return re.sub(r"\s*\[\[\{\{node .*", "", cause).strip()
-
 
 class SavedModelServer(Model):
     def __init__(self, name: str, model_dir: str, batching: Optional[BatchingConfig] = None):

@@ -17,11 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -29,34 +28,21 @@ import gmeta_tf  # noqa: F401
 from gmeta_tf import storage
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
-from gmeta_tf.embedding.devices import ps_task_of, ps_tasks_named
-from gmeta_tf.errors import CheckpointError
+from gmeta_tf.embedding.devices import ps_task_of
+from gmeta_tf.errors import Preempted
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
-from gmeta_tf.train.checkpoint import META, CheckpointFiles, CheckpointManager
+from gmeta_tf.train.checkpoint import CheckpointManager
+from gmeta_tf.train.failures import is_peer_failure, step_failure_error
+from gmeta_tf.train.model_build import CONFIG_FILE, SUMMARY_FILE, build_model
+from gmeta_tf.train.preemption import PreemptionWatch
+from gmeta_tf.train.restarts import Restart, complete, describe, from_env
 from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
-from gmeta_tf.train.runtime import Runtime, reachable
+from gmeta_tf.train.runtime import Runtime
 from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validate
 from gmeta_tf.train.warm_start import WARM_START_FILE, WarmStartSource, check_compatible, record, resolve
-
-CONFIG_FILE = "config.yaml"
-SUMMARY_FILE = "train_summary.json"
-
-
-def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
-    model = DLRM(cfg.model, schema, namespace=rt.namespace, ps_tasks=rt.ps_tasks,
-                 placement=rt.placement, bp_v2=rt.bp_v2)
-    if cfg.meta.inner_solver == "newton" and cfg.meta.learn_ridge_lambda and cfg.meta.algo != "erm":
-        from gmeta_tf.meta.inner_loop import add_ridge_prior
-
-        add_ridge_prior(model, cfg.meta.ridge_lambda)
-    if cfg.meta.support_half_life > 0 and cfg.meta.algo != "erm":
-        from gmeta_tf.meta.inner_loop import add_support_recency
-
-        add_support_recency(model, cfg.meta.support_half_life)
-    return model
 
 
 @dataclass
@@ -119,13 +105,15 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     warm = resolve(warm_start) if warm_start else None
     if warm is not None:  # every rank refuses alike, before anything is built or written
         check_compatible(warm, cfg, schema)
-    built = build_tables_once(cfg, schema, rt, run_dir)
-    built.ckpt.log = rt.log
-    start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume, warm)
-    tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
-    _share_start_state(rt, built)
-    run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation)
-    return _finish(cfg, rt, run_dir, built, tracker, run)
+    # From here a SIGTERM / SIGINT asks for a checkpoint at the next agreed step (preemption.py).
+    with PreemptionWatch(cfg.train.preemption_grace_s, rt.log, rt.rank) as watch:
+        built = build_tables_once(cfg, schema, rt, run_dir)
+        built.ckpt.log = rt.log
+        start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume, warm)
+        tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
+        _share_start_state(rt, built)
+        run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation, watch)
+        return _finish(cfg, rt, run_dir, built, tracker, run)
 
 
 def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
@@ -240,12 +228,15 @@ class _Run:
     window: _Window
     history: list = field(default_factory=list)
     writer: object = None
+    restarts: List[Restart] = field(default_factory=list)
 
 
 def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tracker: BestTracker,
-          start: int, stopped: bool, on_validation: Optional[OnValidation]) -> _Run:
+          start: int, stopped: bool, on_validation: Optional[OnValidation], watch: PreemptionWatch) -> _Run:
     """Train steps ``start+1 .. train.steps`` (none when already stopped), logging every
-    ``log_every``, validating every ``eval_every`` and checkpointing as configured."""
+    ``log_every``, validating every ``eval_every`` and checkpointing as configured. A step
+    after which any rank asked to stop (``watch``) is checkpointed, then ``Preempted`` is raised
+    on every rank."""
     history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(storage.join(run_dir, "tb")) if rt.rank == 0 else None
     ds = make_dataset(cfg.data.path, "train", cfg.data, rank=rt.rank, size=rt.size, training=True)
@@ -257,14 +248,18 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
     end = start if stopped else cfg.train.steps
     upcoming = next(it) if start < end else None
     step = start
+    restarts = from_env() if rt.rank == 0 else []  # gmeta launch local --max-restarts
     try:  # the step and every collective after it (log, validation, checkpoint)
         for step in range(start + 1, end + 1):
             # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
             batch, upcoming = upcoming, (next(it) if step < end else None)
-            loss = _train_step(rt, built, step, batch, upcoming)
+            built.step_fn.vote_stop(watch.requested)
+            loss, preempted = _train_step(rt, built, step, batch, upcoming)
             if cfg.model.max_rows:
                 _evict(built, rt, cfg.model.max_rows)
             window.add(loss)
+            if step == start + 1 and restarts:
+                rt.log(describe(complete(restarts, start)))
             last = step == cfg.train.steps
             if step % cfg.train.log_every == 0 or last:
                 _log_window(cfg, rt, window, step, history, writer)
@@ -272,34 +267,48 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
             if validating and (step % cfg.train.eval_every == 0 or last):
                 improved = _validation_point(cfg, built.model, rt, tracker, step, writer, on_validation)
                 stopped = bool(rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0))
-            if improved or stopped or step % cfg.train.checkpoint_every == 0 or last:
+            if improved or stopped or preempted or step % cfg.train.checkpoint_every == 0 or last:
                 meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
                         "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
                 path = _save_checkpoint(built, rt, step, meta, checkpoint_files(cfg))
                 if improved and rt.rank == 0:
                     built.ckpt.mark_best(path, tracker.summary())
+                if preempted and not last:
+                    raise _preempted(rt, watch, step, path)
             if stopped:
                 if rt.rank == 0:
                     rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "
                            f"{tracker.since_best} validations; best {tracker.best_value:.4f} at step {tracker.best_step}")
                 break
-    except PEER_FAILURES as e:
-        if not rt.ps_tasks:
+    except Exception as e:
+        if not is_peer_failure(e, rt):
             raise
         raise step_failure_error(e, rt, step) from None
-    return _Run(start, end, step if start < end else start, stopped, window, history, writer)
+    return _Run(start, end, step if start < end else start, stopped, window, history, writer, restarts)
 
 
-def _train_step(rt: Runtime, built: Built, step: int, batch: dict, upcoming: Optional[dict]) -> float:
-    """One compiled step; its loss. An embedding-side failure is typed by
-    ``Embeddings.step_errors``, a non-finite loss is one line; a lost PS or peer worker is
-    translated by ``_loop`` (``PEER_FAILURES``), which also covers the collectives after the step."""
+def _train_step(rt: Runtime, built: Built, step: int, batch: dict, upcoming: Optional[dict]) -> tuple[float, bool]:
+    """One compiled step; its loss and whether every rank stops after it (some rank was asked
+    to). An embedding-side failure is typed by ``Embeddings.step_errors``, a non-finite loss is
+    one line; a lost PS or peer worker is translated by ``_loop`` (``failures.py``), which also
+    covers the collectives after the step."""
     with built.model.embeddings.step_errors(f"rank {rt.rank}, step {step}"):
         out = built.step_fn.step(batch, upcoming)
     loss = float(out["loss"])
     if not math.isfinite(loss):
         raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {step}; lower the learning rates")
-    return loss
+    return loss, bool(out["stop"])
+
+
+def _preempted(rt: Runtime, watch: PreemptionWatch, step: int, path: Optional[str]) -> Preempted:
+    """Every rank raises this after the agreed step's checkpoint is complete."""
+    import signal
+
+    asked = (f"{signal.Signals(watch.signum).name} after {watch.elapsed_s:.1f} s" if watch.requested
+             else "a peer rank was asked to stop")
+    where = f" ({path})" if path else ""
+    return Preempted(f"rank {rt.rank}: preempted ({asked}): every rank checkpointed step {step}{where}; "
+                     f"re-run with the same --out to resume there, nothing to redo", step, watch.exit_signal())
 
 
 def _log_window(cfg: Config, rt: Runtime, window: _Window, step: int, history: list, writer) -> None:
@@ -330,6 +339,7 @@ def _finish(cfg: Config, rt: Runtime, run_dir: str, built: Built, tracker: BestT
         "tasks_per_s": rank_tps, "ranks": rt.size, "ps": rt.ps_tasks, "history": run.history,
         "aggregate_tasks_per_s": rt.sync.allreduce_scalar(rank_tps if math.isfinite(rank_tps) else 0.0),
         "dense_digest": dense_digest(model),
+        "restarts": [asdict(r) for r in run.restarts],
         "table_rows_per_ps": {t.name: t.shard_sizes() for t in model.storage_tables()} if rt.rank == 0 else {},
         # where each TFRA table's rows are, by PS task (the placement check reads this)
         "table_rows_by_ps_task": rows_by_ps_task(model) if rt.rank == 0 and rt.ps_tasks else {},
@@ -397,89 +407,6 @@ def _validation_point(cfg: Config, model: DLRM, rt: Runtime, tracker: BestTracke
         if on_validation is not None:
             on_validation(step, metrics)
     return bool(rt.sync.broadcast_int(improved))
-
-
-def load_trained(run_dir: str | Path, overrides=(), checkpoint: str = "best") -> tuple[Config, DLRM, CheckpointManager]:
-    """Rebuild a run's model with local tables from its config and a checkpoint: ``best`` (the
-    best validation step; the latest when the run did not validate), ``latest`` or a step."""
-    from gmeta_tf.config.loader import load_config
-
-    run_dir = str(run_dir)
-    if not storage.exists(storage.join(run_dir, CONFIG_FILE)):
-        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); run 'gmeta train --out {run_dir}' first")
-    cfg = load_config(storage.join(run_dir, CONFIG_FILE), overrides)
-    schema = load_schema(cfg.data.path)
-    # The data is checked before the model is built from it: a renamed or reordered feature
-    # builds a model the checkpoint cannot fill, and the restore would blame the weights.
-    picked = _picked_meta(storage.join(run_dir, "checkpoints"), checkpoint)
-    if picked is not None:
-        check_data(picked[1], schema, cfg.data.path, picked[0], "evaluate")
-    model = build_model(cfg, schema, Runtime())
-    dense_opt, emb_opt = make_optimizers(cfg.train)
-    ckpt = CheckpointManager(storage.join(run_dir, "checkpoints"), model, dense_opt, emb_opt)
-    if not ckpt.restore_which(checkpoint):
-        raise CheckpointError(f"{run_dir}: no complete checkpoint in {storage.join(run_dir, 'checkpoints')}")
-    check_data(ckpt.restored_meta, schema, cfg.data.path, ckpt.restored, "evaluate")
-    return cfg, model, ckpt
-
-
-def _picked_meta(ckpt_dir: str, which: str) -> Optional[tuple[str, dict]]:
-    """(path, meta.json) of the checkpoint ``which`` names, or None when there is none or its
-    meta cannot be read (the restore then says what is wrong)."""
-    try:
-        path = CheckpointFiles(ckpt_dir, log=lambda m: None).pick(which) if storage.exists(ckpt_dir) else None
-        return (path, json.loads(storage.read_text(storage.join(path, META)))) if path else None
-    except (CheckpointError, OSError, ValueError):
-        return None
-
-
-# What a lost PS or a stalled / killed peer rank raises in this rank, inside the step or in any
-# collective after it (the logged throughput's all-reduce, the validation verdict's broadcast,
-# the checkpoint's hot-row sync): ``_loop`` turns them into ``step_failure_error``'s one line.
-PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
-                 tf.errors.InternalError, tf.errors.UnknownError)
-_COLLECTIVE = re.compile(r"horovod|gloo|allreduce|allgather|broadcast|collective", re.I)
-
-
-def step_failure_error(e: Exception, rt: Runtime, step: int):
-    """A failed step with several workers: a dead PS, or a peer worker that stopped answering.
-
-    A stalled or killed peer rank makes this rank's dense all-reduce (Horovod over Gloo) time
-    out; blaming the PS then sends the user to restart a healthy process. So the PS are probed
-    first: one that refuses connections is the culprit (``lost_ps_error``); with every PS
-    answering and the failure inside a collective, the peer ranks are named instead.
-    """
-    from gmeta_tf.errors import ClusterError
-
-    text = str(e)
-    if rt.size < 2 or not _COLLECTIVE.search(text) or not all(reachable(a) for a in rt.ps_addresses):
-        return lost_ps_error(e, rt, step)
-    peers = [r for r in range(rt.size) if r != rt.rank]
-    who = f"worker rank {peers[0]}" if len(peers) == 1 else "one of worker ranks " + ", ".join(map(str, peers))
-    first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
-    return ClusterError(
-        f"rank {rt.rank}: {who} stopped answering in a collective (all-reduce / broadcast) at step {step} "
-        f"(every PS answers: {', '.join(rt.ps_addresses)}): {first}. Check that worker (stopped, "
-        f"hung or killed?); re-run with the same --out to resume from the last checkpoint")
-
-
-def lost_ps_error(e: Exception, rt: Runtime, step: int):
-    """Turn a gRPC failure inside the step into one line that names the parameter server.
-
-    The error text of a partitioned step may name every PS the step was talking to, the healthy
-    ones too, so the PS that no longer accepts connections is the one named; the text is the
-    fallback when every PS still answers (a network failure, say).
-    """
-    from gmeta_tf.errors import ClusterError
-
-    text = str(e)
-    down = [t for t, addr in enumerate(rt.ps_addresses) if not reachable(addr)]
-    tasks = down or ps_tasks_named(text)
-    named = [f"ps:{t} ({rt.ps_addresses[t]})" for t in tasks if t < len(rt.ps_addresses)]
-    who = ", ".join(named) or "a parameter server (" + ", ".join(rt.ps_addresses) + ")"
-    first = text.strip().splitlines()[0][:200] if text.strip() else type(e).__name__
-    return ClusterError(f"rank {rt.rank}: lost {who} at step {step}: {first}. "
-                        f"Restart the PS and re-run with the same --out to resume from the last checkpoint")
 
 
 def rows_by_ps_task(model: DLRM) -> Dict[str, Dict[str, int]]:

@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 
 
 # Whole modules of real trainings and launches: the integration tier (not in make test-fast).
-INTEGRATION_MODULES = {"test_process_faults.py", "test_run_dir.py"}
+INTEGRATION_MODULES = {"test_process_faults.py", "test_run_dir.py", "test_restarts.py"}
 
 
 def pytest_collection_modifyitems(items):

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import List
 
 FAULT_ENV = "GMETA_FAULT_TEST"  # on every process a fault test starts, through the environment
@@ -34,3 +39,81 @@ def project_processes(tag: str) -> List[int]:
 TINY_SETS = ["data.tasks_per_batch=8", "data.support=8", "data.query=4", "data.shuffle_buffer=64",
              "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]", "train.log_every=10",
              "train.checkpoint_every=10", "train.keep_checkpoints=5", "cluster.table_create_settle_s=1"]
+
+
+# -- real processes: spawn, wait, read their output --------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+GMETA = [sys.executable, "-m", "gmeta_tf.cli.main"]
+
+
+def _sets(*extra):
+    return [a for s in [*TINY_SETS, *extra] for a in ("--set", s)]
+
+
+def _spawn(argv):
+    """A project process in its own session (so a kill here hits only it), output to a file."""
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"fault-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc.log = log
+    return proc
+
+
+def _output(proc) -> str:
+    proc.log.flush()
+    proc.log.seek(0)
+    return proc.log.read()
+
+
+def _wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _finish(proc, timeout=300):
+    try:
+        proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, _output(proc)
+
+
+def _ckpt_done(run, step):
+    return (run / "checkpoints" / f"ckpt-{step:08d}" / "meta.json").exists()
+
+
+def _rank_pids(tag, rank):
+    """The ``gmeta train`` processes of Horovod rank ``rank`` started under this test."""
+    out = []
+    for pid in project_processes(tag):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if f"HOROVOD_RANK={rank}".encode() in env and b"train" in cmd and b"horovodrun" not in cmd:
+            out.append(pid)
+    return out
+
+
+def _launch_argv(tiny_data, run, steps=40):
+    return [*GMETA, "launch", "local", "--workers", "2", "--ps", "1", "--timeout", "400",
+            "--data", str(tiny_data), "--out", str(run), "--steps", str(steps), *_sets()]
+
+
+def _complete_steps(run):
+    return sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
+
+
+def _cmd(pid) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+

@@ -10,76 +10,29 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from fault_helpers import TINY_SETS, project_processes
+from fault_helpers import (
+    GMETA,
+    TINY_SETS,
+    _ckpt_done,
+    _cmd,
+    _complete_steps,
+    _finish,
+    _launch_argv,
+    _output,
+    _rank_pids,
+    _sets,
+    _spawn,
+    _wait_for,
+    project_processes,
+)
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.train.trainer import train
 
-REPO = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("GMETA_FAULT_SEED", "0"))
-GMETA = [sys.executable, "-m", "gmeta_tf.cli.main"]
-
-
-def _sets(*extra):
-    return [a for s in [*TINY_SETS, *extra] for a in ("--set", s)]
-
-
-def _spawn(argv):
-    """A project process in its own session (so a kill here hits only it), output to a file."""
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"fault-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    proc.log = log
-    return proc
-
-
-def _output(proc) -> str:
-    proc.log.flush()
-    proc.log.seek(0)
-    return proc.log.read()
-
-
-def _wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def _finish(proc, timeout=300):
-    try:
-        proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return proc.returncode, _output(proc)
-
-
-def _ckpt_done(run, step):
-    return (run / "checkpoints" / f"ckpt-{step:08d}" / "meta.json").exists()
-
-
-def _rank_pids(tag, rank):
-    """The ``gmeta train`` processes of Horovod rank ``rank`` started under this test."""
-    out = []
-    for pid in project_processes(tag):
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if f"HOROVOD_RANK={rank}".encode() in env and b"train" in cmd and b"horovodrun" not in cmd:
-            out.append(pid)
-    return out
-
 
 # -- kill -9 of the embedded trainer -----------------------------------------------------------
 def test_killed_trainer_resumes_to_the_same_result(tiny_data, tmp_path):
@@ -101,23 +54,6 @@ def test_killed_trainer_resumes_to_the_same_result(tiny_data, tmp_path):
     straight = train(load_config(None, [f"data.path={tiny_data}", "train.steps=40", *TINY_SETS]),
                      tmp_path / "straight")
     assert resumed["dense_digest"] == straight["dense_digest"], (after, done)
-
-
-# -- the cluster: launcher, PS, worker ----------------------------------------------------------
-def _launch_argv(tiny_data, run, steps=40):
-    return [*GMETA, "launch", "local", "--workers", "2", "--ps", "1", "--timeout", "400",
-            "--data", str(tiny_data), "--out", str(run), "--steps", str(steps), *_sets()]
-
-
-def _complete_steps(run):
-    return sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
-
-
-def _cmd(pid) -> bytes:
-    try:
-        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")
-    except OSError:
-        return b""
 
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGHUP"])

@@ -1,0 +1,243 @@
+"""Faults a training job survives (issue 32): preemption checkpoints and automatic restarts.
+
+Real processes only: ``gmeta launch local`` (``gmeta ps serve`` plus ``horovodrun --gloo``) and
+``gmeta train``. Each test asserts that the run ends at the requested step, that every
+checkpoint left is complete, that nothing is left running (``no_orphans``), and, where the step
+sequence is deterministic, that the model equals an uninterrupted run's.
+
+Which runs are deterministic across a resume: one worker (with or without a PS) is, to the bit
+(the PS applies one worker's updates in step order, and a resume restores rows, slots, dense
+weights, optimizer state and the data position). Two workers are not, faults or none: each
+applies its embedding gradients to the shared PS rows on its own (asynchronous sparse updates,
+G-Meta's design), so the order in which two ranks' Adam updates land on a row differs from run
+to run and the rows differ in the last bits. The two-worker tests assert what is exact there:
+the step reached, 0 steps redone after a preemption, identical replicas.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fault_helpers import (
+    GMETA,
+    TINY_SETS,
+    _complete_steps,
+    _finish,
+    _launch_argv,
+    _output,
+    _rank_pids,
+    _sets,
+    _spawn,
+    _wait_for,
+    project_processes,
+)
+
+from gmeta_tf.errors import EXIT_CLUSTER_FAULT, EXIT_PREEMPTED
+
+STEPS = 40
+
+
+def _final_state(run: Path, step: int = STEPS):
+    """Dense digest and every table file's rows (sorted by key) of the checkpoint at ``step``."""
+    summary = json.loads((run / "train_summary.json").read_text())
+    tables = {}
+    for f in sorted((run / "checkpoints" / f"ckpt-{step:08d}" / "tables").glob("*.npz")):
+        with np.load(f) as z:
+            order = np.argsort(z["keys"])
+            tables[f.name] = (z["keys"][order], z["values"][order])
+    return summary, tables
+
+
+def _assert_same_model(run: Path, reference: Path):
+    (got, got_tables), (want, want_tables) = _final_state(run), _final_state(reference)
+    assert got["last_step"] == want["last_step"] == STEPS
+    assert got["dense_digest"] == want["dense_digest"]  # bit-identical dense weights
+    assert got_tables.keys() == want_tables.keys()
+    for name, (keys, values) in want_tables.items():
+        np.testing.assert_array_equal(got_tables[name][0], keys, err_msg=name)
+        np.testing.assert_allclose(got_tables[name][1], values, atol=1e-5, err_msg=name)
+
+
+def _one_worker_argv(tiny_data, run, *extra_sets, restarts=0, steps=STEPS):
+    argv = _launch_argv(tiny_data, run, steps=steps)
+    argv[argv.index("--workers") + 1] = "1"
+    return [*argv, "--max-restarts", str(restarts), "--restart-backoff", "0.5", *_sets(*extra_sets)]
+
+
+def _assert_all_complete(run: Path):
+    left = [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-")
+            and not (p / "meta.json").exists()]
+    assert not left, f"incomplete checkpoints left: {left}"
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_data, tmp_path_factory):
+    """One worker + one PS, uninterrupted, to ``STEPS``."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    code, out = _finish(_spawn(_one_worker_argv(tiny_data, run)), timeout=400)
+    assert code == 0, out[-3000:]
+    return run
+
+
+# -- 0. SIGTERM to the embedded trainer: the same protocol in one process -------------------------
+def test_sigterm_to_the_embedded_trainer_saves_the_step_it_reached(tiny_data, tmp_path):
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.train.trainer import train
+
+    run = tmp_path / "run"
+    argv = [*GMETA, "train", "--data", str(tiny_data), "--out", str(run), "--steps", str(STEPS),
+            *_sets("train.checkpoint_every=1000")]
+    proc = _spawn(argv)
+    _wait_for(lambda: "step 10/40" in _output(proc) or proc.poll() is not None, 300, "step 10")
+    os.kill(proc.pid, signal.SIGTERM)
+    code, out = _finish(proc, timeout=60)
+    assert code == EXIT_PREEMPTED, out[-3000:]  # SIGTERM's own code, as a platform expects
+    steps = _complete_steps(run)
+    assert len(steps) == 1 and 10 <= steps[0] < STEPS, (steps, out[-3000:])
+    code, out = _finish(_spawn(argv), timeout=300)
+    assert code == 0 and f"at step {steps[0]}" in out, out[-3000:]
+    straight = train(load_config(None, [f"data.path={tiny_data}", f"train.steps={STEPS}", *TINY_SETS]),
+                     tmp_path / "straight")
+    assert json.loads((run / "train_summary.json").read_text())["dense_digest"] == straight["dense_digest"]
+
+
+# -- 1. SIGTERM to the launcher: a preemption checkpoint, then 0 steps redone ----------------------
+def test_sigterm_to_the_launcher_checkpoints_every_step_and_resumes_exactly(tiny_data, tmp_path, no_orphans,
+                                                                           reference_run):
+    run = tmp_path / "run"
+    # no periodic checkpoint before the end: whatever is saved, the preemption saved it
+    argv = _one_worker_argv(tiny_data, run, "train.checkpoint_every=1000", "train.preemption_grace_s=60")
+    proc = _spawn(argv)
+    _wait_for(lambda: "step 10/40" in _output(proc) or proc.poll() is not None, 300, "step 10")
+    assert proc.poll() is None, _output(proc)
+    sent = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a platform would
+    code, out = _finish(proc, timeout=120)
+    took = time.monotonic() - sent
+    assert code == EXIT_PREEMPTED, out[-3000:]
+    assert took < 60, took  # within the grace period
+    steps = _complete_steps(run)
+    assert len(steps) == 1 and 10 <= steps[0] < STEPS, (steps, out[-3000:])
+    assert f"checkpointed step {steps[0]}" in out, out[-3000:]
+    _assert_all_complete(run)
+    _wait_for(lambda: not project_processes(no_orphans), 30, "every process of the launch to exit")
+
+    code, out = _finish(_spawn(_one_worker_argv(tiny_data, run)), timeout=400)
+    assert code == 0, out[-3000:]
+    assert f"at step {steps[0]}" in out, out[-3000:]  # resumed where it was stopped: nothing redone
+    _assert_same_model(run, reference_run)
+
+
+# -- 2. kill -9 of the PS under --max-restarts: a fresh cluster resumes ----------------------------
+def test_killed_ps_restarts_the_cluster_and_resumes_to_the_same_model(tiny_data, tmp_path, no_orphans,
+                                                                      reference_run):
+    run = tmp_path / "run"
+    proc = _spawn(_one_worker_argv(tiny_data, run, restarts=1, steps=STEPS))
+    _wait_for(lambda: 20 in _complete_steps(run) if (run / "checkpoints").exists() else proc.poll() is not None,
+              300, "checkpoint 20")
+    victims = [p for p in project_processes(no_orphans) if b"ps serve" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(victims) == 1 and proc.poll() is None, (victims, _output(proc)[-2000:])
+    os.kill(victims[0], signal.SIGKILL)
+    code, out = _finish(proc, timeout=400)
+    assert code == 0, out[-3000:]
+    assert "[launch] restart 1/1: ps:0 (127.0.0.1:" in out and "died (killed by SIGKILL)" in out, out[-3000:]
+    summary = json.loads((run / "train_summary.json").read_text())
+    (restart,) = summary["restarts"]
+    assert restart["cause"].startswith("ps:0 (127.0.0.1:") and restart["exit_code"] == -9, restart
+    assert 20 <= restart["resumed_from_step"] < STEPS and 0 <= restart["steps_redone"] <= 10, restart
+    assert restart["recovery_s"] > 0, restart
+    _assert_all_complete(run)
+    _assert_same_model(run, reference_run)
+
+
+# -- 3. SIGTERM to one of two workers: both agree on one step; the restart redoes none --------------
+def test_sigterm_to_one_worker_makes_both_checkpoint_one_step(tiny_data, tmp_path, no_orphans):
+    run = tmp_path / "run"
+    argv = [*_launch_argv(tiny_data, run, steps=400), "--max-restarts", "1", "--restart-backoff", "0.5",
+            *_sets("train.checkpoint_every=1000")]
+    proc = _spawn(argv)
+    _wait_for(lambda: "step 20/400" in _output(proc) or proc.poll() is not None, 300, "step 20")
+    (rank1,) = _rank_pids(no_orphans, 1)
+    os.kill(rank1, signal.SIGTERM)
+    code, out = _finish(proc, timeout=400)
+    assert code == 0, out[-3000:]
+    agreed = {int(m.group(1)) for m in re.finditer(r"preempted .*checkpointed step (\d+)", out)}
+    assert len(agreed) == 1, out[-3000:]  # every rank named the same step
+    (step,) = agreed
+    assert "restart 1/1: worker rank 1 was stopped by SIGTERM and checkpointed" in out, out[-3000:]
+    (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
+    assert restart["resumed_from_step"] == step and restart["steps_redone"] == 0, restart
+    ranks = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
+    assert [r["last_step"] for r in ranks] == [400, 400]
+    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]  # replicas identical after the restart
+    _assert_all_complete(run)
+
+
+# -- 4. kill -9 of a worker under --max-restarts ---------------------------------------------------
+def test_killed_worker_restarts_the_cluster(tiny_data, tmp_path, no_orphans):
+    run = tmp_path / "run"
+    argv = [*_launch_argv(tiny_data, run, steps=400), "--max-restarts", "1", "--restart-backoff", "0.5"]
+    proc = _spawn(argv)
+    _wait_for(lambda: 20 in _complete_steps(run) if (run / "checkpoints").exists() else proc.poll() is not None,
+              300, "checkpoint 20")
+    (rank1,) = _rank_pids(no_orphans, 1)
+    os.kill(rank1, signal.SIGKILL)
+    code, out = _finish(proc, timeout=400)
+    assert code == 0, out[-3000:]
+    assert "restart 1/1: worker rank 1 failed (killed by SIGKILL)" in out, out[-3000:]
+    (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
+    assert restart["resumed_from_step"] >= 20 and restart["steps_redone"] <= 10, restart
+    ranks = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
+    assert [r["last_step"] for r in ranks] == [400, 400]
+    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
+    _assert_all_complete(run)
+
+
+# -- 5. a PS restarted behind the same address is never trained against ----------------------------
+def test_ps_restarted_at_the_same_address_stops_the_worker(tiny_data, tmp_path, no_orphans):
+    from launch.local_cluster import free_ports
+    from ps.server import wait_ready
+
+    run = tmp_path / "run"
+    port, health = free_ports(2)
+    addr = f"127.0.0.1:{port}"
+
+    def start_ps(h):
+        ps = _spawn([*GMETA, "ps", "serve", "--ps-hosts", addr, "--index", "0", "--health-port", str(h)])
+        wait_ready(f"http://127.0.0.1:{h}/ready", 120, ps)
+        return ps
+
+    train = [*GMETA, "train", "--data", str(tiny_data), "--out", str(run), "--ps", addr, *_sets()]
+    ps = start_ps(health)
+    worker = second = None
+    try:
+        worker = _spawn([*train, "--steps", "5000"])
+        _wait_for(lambda: 20 in _complete_steps(run) if (run / "checkpoints").exists() else worker.poll() is not None,
+                  300, "checkpoint 20")
+        os.kill(worker.pid, signal.SIGSTOP)  # so that its next request reaches the new PS, not a dead port
+        before = _complete_steps(run)
+        os.kill(ps.pid, signal.SIGKILL)
+        ps.wait()
+        second = start_ps(free_ports(1)[0])  # the same PS address, a fresh process with no tables
+        os.kill(worker.pid, signal.SIGCONT)
+        code, out = _finish(worker, timeout=120)
+        assert code == EXIT_CLUSTER_FAULT, out[-3000:]  # retryable: ExitCode restart policies retry 128-255
+        last = out.strip().splitlines()[-1]
+        assert f"lost ps:0 ({addr})" in last and "restarted" in last, last
+        assert "Graph execution error" not in last, last  # the cause, not TensorFlow's header
+        assert _complete_steps(run) == before, out[-3000:]  # nothing saved from the empty PS
+        _assert_all_complete(run)
+        code, out = _finish(_spawn([*train, "--steps", str(before[-1] + 10)]), timeout=300)
+        assert code == 0, out[-3000:]
+        assert f"at step {before[-1]}" in out, out[-3000:]  # tables refilled into the new PS
+    finally:
+        for p in (worker, ps, second):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()

@@ -1,0 +1,175 @@
+"""The parts of fault tolerance that need no cluster: the stop vote in the step, the one-line
+cause of a lost PS, the launcher's reading of a failure, restart records and exit codes.
+The real processes are in tests/faults/test_restarts.py."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+from synthetic_batch import random_batch, tiny_schema
+
+from gmeta_tf.config.schema import MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.errors import EXIT_CLUSTER_FAULT, EXIT_PREEMPTED, EXIT_USER_ERROR, ClusterFaultError
+from gmeta_tf.meta.meta_step import TrainStep
+from gmeta_tf.meta.optimizers import make_optimizers
+from gmeta_tf.model.dlrm import DLRM
+from gmeta_tf.train import restarts
+from gmeta_tf.train.dense_sync import LocalSync
+from gmeta_tf.train.runtime import Runtime
+
+# What TensorFlow 2.16 says when a worker's request reaches a PS that was restarted behind the
+# same address (seen with real processes, tests/faults/test_restarts.py): the header and node
+# lines first, the cause after them.
+TF_RESTARTED_PS = (
+    "Graph execution error:\n\n"
+    "Detected at node gmeta_train_step_r0_p1/lookup defined at (most recent call last):\n"
+    "<stack traces unavailable>\n"
+    "Unable to find the relevant tensor remote_handle: Op ID: 55, Output num: 0\n"
+    "Additional GRPC error information from remote target /job:ps/replica:0/task:0:\n"
+    ":{\"created\":\"@1764130000.1\",\"grpc_status\":3}\n"
+    "\t [[{{node gmeta_train_step_r0_p1/lookup}}]]")
+
+
+def test_the_stop_vote_rides_in_the_step_and_comes_back_as_its_verdict():
+    schema = tiny_schema("click")
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1), schema)
+    dense_opt, emb_opt = make_optimizers(TrainConfig())
+    step = TrainStep(model, MetaConfig(algo="maml", inner_steps=1, adapt="top"), dense_opt, emb_opt, LocalSync())
+    batch = random_batch(schema, T=4, seed=3)
+    assert bool(step.step(batch)["stop"]) is False
+    step.vote_stop(True)
+    assert bool(step.step(batch)["stop"]) is True  # the same traced function: the vote is read, not baked in
+    step.vote_stop(False)
+    assert bool(step.step(batch)["stop"]) is False
+
+
+def test_a_restarted_ps_is_named_with_the_cause_not_tensorflows_header():
+    """The line a worker prints when a PS came back empty (issue 32: it said "Graph execution error:")."""
+    import socket
+
+    from gmeta_tf.train.failures import lost_ps_error
+    from launch.local_cluster import free_ports
+
+    alive = socket.socket()
+    alive.bind(("127.0.0.1", 0))
+    alive.listen()
+    try:
+        addr = f"127.0.0.1:{alive.getsockname()[1]}"
+        err = lost_ps_error(tf.errors.InvalidArgumentError(None, None, TF_RESTARTED_PS),
+                            Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=[addr]), 112)
+        down = f"127.0.0.1:{free_ports(1)[0]}"
+        gone = lost_ps_error(tf.errors.UnavailableError(None, None, "Graph execution error:\n\nSocket closed"),
+                             Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=[down]), 9)
+    finally:
+        alive.close()
+    assert isinstance(err, ClusterFaultError) and err.exit_code == EXIT_CLUSTER_FAULT
+    text = str(err)
+    assert text.startswith(f"rank 0: lost ps:0 ({addr}) at step 112 (it answers again: restarted")
+    assert "Unable to find the relevant tensor remote_handle" in text
+    assert "Graph execution error" not in text and "[[" not in text
+    assert f"lost ps:0 ({down}) at step 9: Socket closed. Restart the PS" in str(gone)
+
+
+def test_peer_failures_are_the_clusters_only_with_a_ps():
+    from gmeta_tf.train.failures import is_peer_failure
+
+    with_ps = Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=["127.0.0.1:1"])
+    assert is_peer_failure(tf.errors.UnavailableError(None, None, "Socket closed"), with_ps)
+    assert is_peer_failure(tf.errors.InvalidArgumentError(None, None, TF_RESTARTED_PS), with_ps)
+    # a model's own argument error is not blamed on the cluster
+    assert not is_peer_failure(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [3] vs [4]"), with_ps)
+    assert not is_peer_failure(tf.errors.UnavailableError(None, None, "x"), Runtime())  # no PS: nothing to blame
+    assert not is_peer_failure(ValueError("x"), with_ps)
+
+
+class _Proc:
+    def __init__(self, code):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
+def _cluster(ps_codes, horovod_lines):
+    from launch.local_cluster import Child, LocalCluster
+
+    cluster = LocalCluster(log=lambda m: None)
+    for i, code in enumerate(ps_codes):
+        cluster.children.append(Child(f"ps:{i} (127.0.0.1:{7000 + i})", _Proc(code)))
+    cluster.children.append(Child("horovodrun", _Proc(1), lines=horovod_lines))
+    return cluster
+
+
+def test_the_launcher_blames_the_dead_ps_first_and_knows_a_preemption():
+    from launch.supervisor import _failure
+
+    ranks_failed = ["[1]<stderr>: lost ps:0 (127.0.0.1:7000) at step 37: Socket closed",
+                    "Process 1 exit with status code 200.", "Process 0 exit with status code 200."]
+    f = _failure(_cluster([-9, None], ranks_failed), 1, None)
+    assert f.cause == "ps:0 (127.0.0.1:7000) died (killed by SIGKILL)" and f.exit_code == -9
+    assert _cluster([-9], ranks_failed).last_step_seen() == 37
+    preempted = ["Terminating remaining workers after failure of Process 1.",
+                 "Process 1 exit with status code 143.", "Process 0 exit with status code 143."]
+    f = _failure(_cluster([None], preempted), 1, None)
+    assert f.cause == "worker rank 1 was stopped by SIGTERM and checkpointed" and f.exit_code == 143
+    assert _failure(_cluster([None], ["Process 0 exit with status code 0."]), 0, None) is None
+
+
+def test_restart_backoff_doubles_up_to_its_cap():
+    from launch.supervisor import RestartPolicy
+
+    policy = RestartPolicy(max_restarts=9, backoff_s=1.0, max_backoff_s=5.0)
+    assert [policy.backoff(a) for a in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+
+
+def test_a_restart_record_is_completed_by_the_resumed_run():
+    history = [restarts.Restart(1, "ps:0 (h:1) died (killed by SIGKILL)", -9, 27, failed_at_unix=100.0)]
+    env = {restarts.RESTARTS_ENV: restarts.encode(history)}
+    got = restarts.from_env(env)
+    assert got == history
+    last = restarts.complete(got, start=20, now=106.5)
+    assert (last.resumed_from_step, last.steps_redone, last.recovery_s) == (20, 7, 6.5)
+    assert restarts.describe(last) == ("restart 1: resumed at step 20 after ps:0 (h:1) died (killed by SIGKILL), "
+                                      "7 step(s) redone; 6.5 s from the failure to this step")
+    assert restarts.from_env({}) == []
+
+
+def test_exit_codes_say_what_a_kubeflow_exit_code_policy_retries():
+    from launch.k8s_render import RESTART_POLICY
+
+    def retried(code):  # Kubeflow's restartPolicy: ExitCode (training-operator docs)
+        return 128 <= code <= 255
+
+    assert RESTART_POLICY == "ExitCode"
+    assert retried(EXIT_PREEMPTED) and retried(EXIT_CLUSTER_FAULT) and retried(137)
+    assert not retried(EXIT_USER_ERROR)
+
+
+def test_launch_local_refuses_negative_restarts():
+    from gmeta_tf.errors import ClusterError
+    from launch.supervisor import RestartPolicy, launch_local
+
+    with pytest.raises(ClusterError, match="--max-restarts must be >= 0"):
+        launch_local(1, 0, [], restarts=RestartPolicy(max_restarts=-1))
+
+
+@pytest.mark.integration  # a real process and its signals
+def test_a_second_signal_or_the_grace_period_ends_a_stuck_preemption():
+    """Nothing reaches the step boundary here (the process sleeps): the grace timer exits 143,
+    and a second signal exits at once."""
+    code = ("import signal, time, os\n"
+            "from gmeta_tf.train.preemption import PreemptionWatch\n"
+            "with PreemptionWatch({grace}, rank=0):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    {second}\n"
+            "    time.sleep(60)\n")
+    for grace, second, most in ((1.0, "pass", 20.0), (60.0, "os.kill(os.getpid(), signal.SIGINT)", 20.0)):
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", code.format(grace=grace, second=second)],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == EXIT_PREEMPTED, proc.stdout + proc.stderr
+        assert time.monotonic() - t0 < most
+        assert ("grace period" in proc.stdout) if grace == 1.0 else ("second stop signal" in proc.stdout), proc.stdout
