@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``); the other sections' previous results stay in the
+``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``, ``faults``); the other sections' previous results stay in the
 JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
@@ -138,6 +138,13 @@ def bench_delivery(results: Dict) -> None:
     results["delivery"] = measure(WORK / "delivery")
 
 
+def bench_faults(results: Dict) -> None:
+    from bench.faults import measure
+
+    data, _ = _prepared_data()
+    results["faults"] = measure(data, WORK / "faults")
+
+
 def bench_export(results: Dict) -> None:
     from bench.export_lookup import measure
 
@@ -147,7 +154,8 @@ def bench_export(results: Dict) -> None:
 SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed": bench_distributed,
                                                 "sharding": bench_sharding, "hot_split": bench_hot_split,
                                                 "startup": bench_startup, "serve": bench_serve,
-                                                "export": bench_export, "delivery": bench_delivery}
+                                                "export": bench_export, "delivery": bench_delivery,
+                                                "faults": bench_faults}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -214,6 +222,11 @@ HEADLINES = [
     ("serve.predict_1row_batched.c16.rows_per_call", "… rows per merged model call", ""),
     ("serve.batched_over_unbatched_rps_1row_c16", "1-row predict requests/s, micro-batching on / off, 16 clients",
      "≥ 1.5"),
+    ("faults.ps_kill_recovery_s", "PS kill -9 to the next completed step, --max-restarts 1, s (2w2ps)", ""),
+    ("faults.ps_kill_steps_redone", "… steps redone (train.checkpoint_every 50)", "≤ 50"),
+    ("faults.preempt_steps_redone", "SIGTERM to the launcher: steps redone after the resume", "0"),
+    ("faults.preempt_checkpoint_s", "… the preemption checkpoint, s (2w2ps)", ""),
+    ("faults.preempt_exit_s", "… SIGTERM to the job's exit, s", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
     ("export.static_ns_per_id_hit", "exported table lookup (1M rows), ns per id", ""),
     ("export.static_over_tfra", "exported table lookup / TFRA lookup (per id)", ""),

@@ -43,8 +43,8 @@ def test_lost_ps_error_names_the_ps_that_is_gone():
     import socket
 
     from gmeta_tf.train.dense_sync import LocalSync
-    from gmeta_tf.train.runtime import Runtime
     from gmeta_tf.train.failures import lost_ps_error
+    from gmeta_tf.train.runtime import Runtime
     from launch.local_cluster import free_ports
 
     alive = socket.socket()

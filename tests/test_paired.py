@@ -201,8 +201,8 @@ def test_the_cached_eval_function_follows_the_config_and_goes_with_the_model(pre
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.evaluation import evaluate as ev
     from gmeta_tf.metaio.reader import load_schema
-    from gmeta_tf.train.runtime import Runtime
     from gmeta_tf.train.model_build import build_model
+    from gmeta_tf.train.runtime import Runtime
 
     data = prepared_kinds["rating"]
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", "data.support=8", "data.query=6",

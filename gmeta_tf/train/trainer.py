@@ -14,13 +14,12 @@ validation, checkpoints) and ``_finish`` (summary and per-rank files).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import tensorflow as tf
 
@@ -28,7 +27,6 @@ import gmeta_tf  # noqa: F401
 from gmeta_tf import storage
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config
-from gmeta_tf.embedding.devices import ps_task_of
 from gmeta_tf.errors import Preempted
 from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
@@ -36,12 +34,14 @@ from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.failures import is_peer_failure, step_failure_error
-from gmeta_tf.train.model_build import CONFIG_FILE, SUMMARY_FILE, build_model
+from gmeta_tf.train.model_build import CONFIG_FILE, build_model
 from gmeta_tf.train.preemption import PreemptionWatch
-from gmeta_tf.train.restarts import Restart, complete, describe, from_env
+from gmeta_tf.train.progress import Window, log_window, previous_history
+from gmeta_tf.train.restarts import complete, describe, from_env
 from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
+from gmeta_tf.train.run_summary import RunResult, write_summary
 from gmeta_tf.train.runtime import Runtime
-from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validate
+from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validation_point
 from gmeta_tf.train.warm_start import WARM_START_FILE, WarmStartSource, check_compatible, record, resolve
 
 
@@ -113,7 +113,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
         _share_start_state(rt, built)
         run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation, watch)
-        return _finish(cfg, rt, run_dir, built, tracker, run)
+        return write_summary(cfg, rt, run_dir, built.model, tracker, run)
 
 
 def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
@@ -181,69 +181,21 @@ def _share_start_state(rt: Runtime, built: Built) -> None:
                                 + embeddings.replicated_state())
 
 
-@dataclass
-class _Window:
-    """Loss and throughput between two log lines; the first step (tracing) is kept out."""
-
-    tasks_per_batch: int
-    t0: Optional[float] = None
-    steps: int = 0
-    loss_sum: float = 0.0
-    loss_n: int = 0
-    tasks_per_s: float = float("nan")
-    total_time: float = 0.0
-    total_steps: int = 0
-
-    def add(self, loss: float) -> None:
-        self.loss_sum, self.loss_n = self.loss_sum + loss, self.loss_n + 1
-        if self.t0 is None:  # the first step traces and compiles: keep it out of throughput
-            self.t0, self.steps = time.perf_counter(), 0
-            self.loss_sum, self.loss_n = loss, 1
-        else:
-            self.steps += 1
-
-    def close(self) -> float:
-        """The window's mean loss; updates ``tasks_per_s`` and starts the next window."""
-        elapsed = time.perf_counter() - self.t0
-        if self.steps:
-            self.tasks_per_s = self.steps * self.tasks_per_batch / elapsed
-            self.total_time, self.total_steps = self.total_time + elapsed, self.total_steps + self.steps
-        mean_loss = self.loss_sum / max(self.loss_n, 1)
-        self.t0, self.steps, self.loss_sum, self.loss_n = time.perf_counter(), 0, 0.0, 0
-        return mean_loss
-
-    @property
-    def rank_tasks_per_s(self) -> float:
-        return (self.total_steps * self.tasks_per_batch / self.total_time) if self.total_time else float("nan")
-
-
-@dataclass
-class _Run:
-    """What the loop leaves for the summary."""
-
-    start: int
-    end: int
-    last_step: int
-    stopped: bool
-    window: _Window
-    history: list = field(default_factory=list)
-    writer: object = None
-    restarts: List[Restart] = field(default_factory=list)
-
-
 def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tracker: BestTracker,
-          start: int, stopped: bool, on_validation: Optional[OnValidation], watch: PreemptionWatch) -> _Run:
+          start: int, stopped: bool, on_validation: Optional[OnValidation],
+          watch: Optional[PreemptionWatch] = None) -> RunResult:
     """Train steps ``start+1 .. train.steps`` (none when already stopped), logging every
     ``log_every``, validating every ``eval_every`` and checkpointing as configured. A step
     after which any rank asked to stop (``watch``) is checkpointed, then ``Preempted`` is raised
     on every rank."""
-    history = [h for h in _previous_history(run_dir) if h["step"] <= start] if start else []
+    watch = watch or PreemptionWatch(cfg.train.preemption_grace_s, rt.log, rt.rank)  # not installed: never asks
+    history = [h for h in previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(storage.join(run_dir, "tb")) if rt.rank == 0 else None
     ds = make_dataset(cfg.data.path, "train", cfg.data, rank=rt.rank, size=rt.size, training=True)
     # The pipeline is deterministic (seeded shuffles, ordered interleave), so skipping the
     # batches already trained on makes a resumed run see exactly the data it would have seen.
     it = iter(ds.skip(start))
-    window = _Window(cfg.data.tasks_per_batch)
+    window = Window(cfg.data.tasks_per_batch)
     validating = cfg.train.eval_every > 0
     end = start if stopped else cfg.train.steps
     upcoming = next(it) if start < end else None
@@ -262,19 +214,20 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
                 rt.log(describe(complete(restarts, start)))
             last = step == cfg.train.steps
             if step % cfg.train.log_every == 0 or last:
-                _log_window(cfg, rt, window, step, history, writer)
+                log_window(cfg, rt, window, step, history, writer)
             improved = False
             if validating and (step % cfg.train.eval_every == 0 or last):
-                improved = _validation_point(cfg, built.model, rt, tracker, step, writer, on_validation)
+                improved = validation_point(cfg, built.model, rt, tracker, step, writer, on_validation)
                 stopped = bool(rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0))
             if improved or stopped or preempted or step % cfg.train.checkpoint_every == 0 or last:
                 meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
                         "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
+                t0 = time.perf_counter()
                 path = _save_checkpoint(built, rt, step, meta, checkpoint_files(cfg))
                 if improved and rt.rank == 0:
                     built.ckpt.mark_best(path, tracker.summary())
                 if preempted and not last:
-                    raise _preempted(rt, watch, step, path)
+                    raise _preempted(rt, watch, step, path, time.perf_counter() - t0)
             if stopped:
                 if rt.rank == 0:
                     rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "
@@ -284,7 +237,7 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
         if not is_peer_failure(e, rt):
             raise
         raise step_failure_error(e, rt, step) from None
-    return _Run(start, end, step if start < end else start, stopped, window, history, writer, restarts)
+    return RunResult(start, end, step if start < end else start, stopped, window, history, writer, restarts)
 
 
 def _train_step(rt: Runtime, built: Built, step: int, batch: dict, upcoming: Optional[dict]) -> tuple[float, bool]:
@@ -300,65 +253,16 @@ def _train_step(rt: Runtime, built: Built, step: int, batch: dict, upcoming: Opt
     return loss, bool(out["stop"])
 
 
-def _preempted(rt: Runtime, watch: PreemptionWatch, step: int, path: Optional[str]) -> Preempted:
+def _preempted(rt: Runtime, watch: PreemptionWatch, step: int, path: Optional[str], save_s: float) -> Preempted:
     """Every rank raises this after the agreed step's checkpoint is complete."""
     import signal
 
-    asked = (f"{signal.Signals(watch.signum).name} after {watch.elapsed_s:.1f} s" if watch.requested
+    asked = (f"{signal.Signals(watch.signum).name} {watch.elapsed_s:.1f} s ago" if watch.requested
              else "a peer rank was asked to stop")
     where = f" ({path})" if path else ""
-    return Preempted(f"rank {rt.rank}: preempted ({asked}): every rank checkpointed step {step}{where}; "
+    return Preempted(f"rank {rt.rank}: preempted ({asked}): every rank checkpointed step {step}{where} "
+                     f"in {save_s:.2f} s; "
                      f"re-run with the same --out to resume there, nothing to redo", step, watch.exit_signal())
-
-
-def _log_window(cfg: Config, rt: Runtime, window: _Window, step: int, history: list, writer) -> None:
-    mean_loss = window.close()
-    tasks_per_s = window.tasks_per_s
-    history.append({"step": step, "loss": mean_loss, "tasks_per_s": tasks_per_s})
-    line = (f"step {step}/{cfg.train.steps} loss {mean_loss:.4f} "
-            f"tasks/s {tasks_per_s:,.0f} (rank {rt.rank})")
-    if rt.size > 1:
-        agg = rt.sync.allreduce_scalar(tasks_per_s if math.isfinite(tasks_per_s) else 0.0)
-        line += f" aggregate tasks/s {agg:,.0f}"
-    rt.log(line)
-    if writer is not None:
-        with writer.as_default():
-            tf.summary.scalar("loss", mean_loss, step=step)
-            tf.summary.scalar("tasks_per_s", tasks_per_s, step=step)
-
-
-def _finish(cfg: Config, rt: Runtime, run_dir: str, built: Built, tracker: BestTracker, run: _Run) -> dict:
-    """The run's summary (rank 0 writes ``train_summary.json``) and this rank's file under
-    ``ranks/`` (digests the tests compare across ranks)."""
-    model = built.model
-    rank_tps = run.window.rank_tasks_per_s
-    summary = {
-        "algo": cfg.meta.algo, "steps": cfg.train.steps, "start_step": run.start,
-        "stopped_early": bool(run.stopped), "last_step": run.last_step,
-        "best": tracker.summary(), "validation": tracker.history,
-        "tasks_per_s": rank_tps, "ranks": rt.size, "ps": rt.ps_tasks, "history": run.history,
-        "aggregate_tasks_per_s": rt.sync.allreduce_scalar(rank_tps if math.isfinite(rank_tps) else 0.0),
-        "dense_digest": dense_digest(model),
-        "restarts": [asdict(r) for r in run.restarts],
-        "table_rows_per_ps": {t.name: t.shard_sizes() for t in model.storage_tables()} if rt.rank == 0 else {},
-        # where each TFRA table's rows are, by PS task (the placement check reads this)
-        "table_rows_by_ps_task": rows_by_ps_task(model) if rt.rank == 0 and rt.ps_tasks else {},
-    }
-    rank_file = {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step",
-                                         "last_step", "stopped_early")}
-    hot = model.embeddings.hot
-    if hot is not None:  # after the last checkpoint's write-back: the PS must match every rank
-        rank_file.update(hot_digest=hot.digest(), hot_rows=hot.hot_set.rows,
-                         hot_ps_mismatches=hot.ps_mismatches())
-    storage.makedirs(storage.join(run_dir, "ranks"))
-    storage.write_text(storage.join(run_dir, "ranks", f"rank{rt.rank}.json"), json.dumps(rank_file, indent=1))
-    if rt.rank == 0:
-        warm = storage.join(run_dir, WARM_START_FILE)  # which checkpoint the run started from, if any
-        summary["warm_start"] = json.loads(storage.read_text(warm)) if storage.exists(warm) else None
-        storage.write_text(storage.join(run_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
-        if run.writer is not None:
-            run.writer.flush()
-    return summary
 
 
 def _save_checkpoint(built: Built, rt: Runtime, step: int, meta: dict, files: Dict[str, str]) -> Optional[str]:
@@ -386,49 +290,3 @@ def _evict(built: Built, rt: Runtime, max_rows: Dict[str, int]) -> None:
     rt.sync.barrier()
 
 
-def _validation_point(cfg: Config, model: DLRM, rt: Runtime, tracker: BestTracker, step: int,
-                      writer, on_validation: Optional[OnValidation]) -> bool:
-    """Rank 0 scores the valid split (the others wait, so the PS holds one state); returns
-    whether this step is the best so far, agreed by every rank."""
-    model.embeddings.quiesce()  # the PS must hold every rank's updates before rank 0 reads it
-    rt.sync.barrier()
-    improved = 0
-    if rt.rank == 0:
-        metrics = validate(model, cfg)  # reports tracker.metric: resolve_metric checked it at start
-        improved = int(tracker.update(step, float(metrics[tracker.metric])))
-        shown = {k: v for k, v in metrics.items() if isinstance(v, float) and not k.endswith("_no_adapt")}
-        rt.log(f"step {step} valid " + " ".join(f"{k} {v:.4f}" for k, v in shown.items())
-               + (" (best)" if improved else f" (best {tracker.best_value:.4f} at step {tracker.best_step})"))
-        if writer is not None:
-            with writer.as_default():
-                for k, v in metrics.items():
-                    if isinstance(v, float):
-                        tf.summary.scalar(f"valid/{k}", v, step=step)
-        if on_validation is not None:
-            on_validation(step, metrics)
-    return bool(rt.sync.broadcast_int(improved))
-
-
-def rows_by_ps_task(model: DLRM) -> Dict[str, Dict[str, int]]:
-    """``{table: {ps task: rows}}``: each shard's size, read on the PS that holds it."""
-    return {table: {str(ps_task_of(device)): rows for device, rows in shards.items()}
-            for table, shards in model.embeddings.rows_by_device().items()}
-
-
-def dense_digest(model: DLRM) -> str:
-    """sha256 of every dense weight's bytes: equal digests mean bit-identical replicas."""
-    h = hashlib.sha256()
-    for name, var in sorted(model.dense_variables.items()):
-        h.update(name.encode())
-        h.update(var.numpy().tobytes())
-    return h.hexdigest()
-
-
-def _previous_history(run_dir: str) -> list:
-    f = storage.join(run_dir, SUMMARY_FILE)
-    if storage.exists(f):
-        try:
-            return json.loads(storage.read_text(f)).get("history", [])
-        except ValueError:
-            return []
-    return []

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from gmeta_tf.config.schema import Config, ConfigError, metric_direction
+
+if TYPE_CHECKING:  # the bookkeeping above runs without TensorFlow; validation_point needs it
+    from gmeta_tf.model.dlrm import DLRM
+    from gmeta_tf.train.runtime import Runtime
 
 OnValidation = Callable[[int, Dict], None]
 
@@ -104,3 +108,28 @@ def validate(model, cfg: Config) -> Dict:
     from gmeta_tf.evaluation.evaluate import evaluate
 
     return evaluate(model, cfg, cfg.meta.algo, split="valid", with_baselines=False)
+
+
+def validation_point(cfg: Config, model: "DLRM", rt: "Runtime", tracker: BestTracker, step: int,
+                      writer, on_validation: Optional[OnValidation]) -> bool:
+    """Rank 0 scores the valid split (the others wait, so the PS holds one state); returns
+    whether this step is the best so far, agreed by every rank."""
+    import tensorflow as tf
+
+    model.embeddings.quiesce()  # the PS must hold every rank's updates before rank 0 reads it
+    rt.sync.barrier()
+    improved = 0
+    if rt.rank == 0:
+        metrics = validate(model, cfg)  # reports tracker.metric: resolve_metric checked it at start
+        improved = int(tracker.update(step, float(metrics[tracker.metric])))
+        shown = {k: v for k, v in metrics.items() if isinstance(v, float) and not k.endswith("_no_adapt")}
+        rt.log(f"step {step} valid " + " ".join(f"{k} {v:.4f}" for k, v in shown.items())
+               + (" (best)" if improved else f" (best {tracker.best_value:.4f} at step {tracker.best_step})"))
+        if writer is not None:
+            with writer.as_default():
+                for k, v in metrics.items():
+                    if isinstance(v, float):
+                        tf.summary.scalar(f"valid/{k}", v, step=step)
+        if on_validation is not None:
+            on_validation(step, metrics)
+    return bool(rt.sync.broadcast_int(improved))

@@ -27,6 +27,7 @@ import pytest
 from fault_helpers import (
     GMETA,
     TINY_SETS,
+    _cmd,
     _complete_steps,
     _finish,
     _launch_argv,
@@ -40,7 +41,7 @@ from fault_helpers import (
 
 from gmeta_tf.errors import EXIT_CLUSTER_FAULT, EXIT_PREEMPTED
 
-STEPS = 40
+STEPS = 200  # long enough that a kill at checkpoint 20 lands mid-run (~40 steps/s here)
 
 
 def _final_state(run: Path, step: int = STEPS):
@@ -94,7 +95,7 @@ def test_sigterm_to_the_embedded_trainer_saves_the_step_it_reached(tiny_data, tm
     argv = [*GMETA, "train", "--data", str(tiny_data), "--out", str(run), "--steps", str(STEPS),
             *_sets("train.checkpoint_every=1000")]
     proc = _spawn(argv)
-    _wait_for(lambda: "step 10/40" in _output(proc) or proc.poll() is not None, 300, "step 10")
+    _wait_for(lambda: f"step 10/{STEPS}" in _output(proc) or proc.poll() is not None, 300, "step 10")
     os.kill(proc.pid, signal.SIGTERM)
     code, out = _finish(proc, timeout=60)
     assert code == EXIT_PREEMPTED, out[-3000:]  # SIGTERM's own code, as a platform expects
@@ -114,7 +115,7 @@ def test_sigterm_to_the_launcher_checkpoints_every_step_and_resumes_exactly(tiny
     # no periodic checkpoint before the end: whatever is saved, the preemption saved it
     argv = _one_worker_argv(tiny_data, run, "train.checkpoint_every=1000", "train.preemption_grace_s=60")
     proc = _spawn(argv)
-    _wait_for(lambda: "step 10/40" in _output(proc) or proc.poll() is not None, 300, "step 10")
+    _wait_for(lambda: f"step 10/{STEPS}" in _output(proc) or proc.poll() is not None, 300, "step 10")
     assert proc.poll() is None, _output(proc)
     sent = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a platform would
@@ -141,7 +142,7 @@ def test_killed_ps_restarts_the_cluster_and_resumes_to_the_same_model(tiny_data,
     proc = _spawn(_one_worker_argv(tiny_data, run, restarts=1, steps=STEPS))
     _wait_for(lambda: 20 in _complete_steps(run) if (run / "checkpoints").exists() else proc.poll() is not None,
               300, "checkpoint 20")
-    victims = [p for p in project_processes(no_orphans) if b"ps serve" in open(f"/proc/{p}/cmdline", "rb").read()]
+    victims = [p for p in project_processes(no_orphans) if b"ps serve" in _cmd(p)]
     assert len(victims) == 1 and proc.poll() is None, (victims, _output(proc)[-2000:])
     os.kill(victims[0], signal.SIGKILL)
     code, out = _finish(proc, timeout=400)
