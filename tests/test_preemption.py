@@ -20,16 +20,17 @@ from gmeta_tf.train import restarts
 from gmeta_tf.train.dense_sync import LocalSync
 from gmeta_tf.train.runtime import Runtime
 
-# What TensorFlow 2.16 says when a worker's request reaches a PS that was restarted behind the
-# same address (seen with real processes, tests/faults/test_restarts.py): the header and node
-# lines first, the cause after them.
+# A worker's request to a PS restarted behind the same address: the cause line is what TensorFlow
+# 2.16 printed in a real run (tests/faults/test_restarts.py; gRPC status 10, ABORTED), around it
+# the header and node lines it puts on every graph error.
 TF_RESTARTED_PS = (
     "Graph execution error:\n\n"
     "Detected at node gmeta_train_step_r0_p1/lookup defined at (most recent call last):\n"
     "<stack traces unavailable>\n"
-    "Unable to find the relevant tensor remote_handle: Op ID: 55, Output num: 0\n"
+    "Unable to find a context_id matching the specified one (14805380320783337398). Perhaps the worker "
+    "was restarted, or the context was GC'd?\n"
     "Additional GRPC error information from remote target /job:ps/replica:0/task:0:\n"
-    ":{\"created\":\"@1764130000.1\",\"grpc_status\":3}\n"
+    ":{\"created\":\"@1795668535.966817106\",\"grpc_status\":10}\n"
     "\t [[{{node gmeta_train_step_r0_p1/lookup}}]]")
 
 
@@ -68,7 +69,7 @@ def test_a_restarted_ps_is_named_with_the_cause_not_tensorflows_header():
     assert isinstance(err, ClusterFaultError) and err.exit_code == EXIT_CLUSTER_FAULT
     text = str(err)
     assert text.startswith(f"rank 0: lost ps:0 ({addr}) at step 112 (it answers again: restarted")
-    assert "Unable to find the relevant tensor remote_handle" in text
+    assert "Unable to find a context_id matching the specified one" in text
     assert "Graph execution error" not in text and "[[" not in text
     assert f"lost ps:0 ({down}) at step 9: Socket closed. Restart the PS" in str(gone)
 
