@@ -214,6 +214,10 @@ HEADLINES = [
     ("serve.predict_1row_batched.c16.rows_per_call", "… rows per merged model call", ""),
     ("serve.batched_over_unbatched_rps_1row_c16", "1-row predict requests/s, micro-batching on / off, 16 clients",
      "≥ 1.5"),
+    ("serve.predict_1row_batched.c64.rps", "gmeta serve predict, 1-row requests, 64 clients, micro-batching on, "
+     "requests/s", ""),
+    ("serve.predict_1row_batched.c64.p99_ms", "… p99 ms", ""),
+    ("serve.rss_mib_after", "… that server's resident memory after every serve point, MiB", ""),
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
     ("export.static_ns_per_id_hit", "exported table lookup (1M rows), ns per id", ""),
     ("export.static_over_tfra", "exported table lookup / TFRA lookup (per id)", ""),

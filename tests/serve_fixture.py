@@ -256,12 +256,12 @@ def request(port: int, method: str, path: str, body: Any = None, timeout: float 
         return resp.status, text
 
 
-def rss_mib(pid: int) -> float:
-    """Resident memory of process ``pid`` (``VmRSS``), MiB."""
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of process ``pid``, MiB: now (``VmRSS``) or its peak so far (``VmHWM``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
 
 
 def big_body(path: str, size: int, chunk: int = 1 << 20) -> Tuple[int, Iterator[bytes]]:
@@ -364,17 +364,18 @@ def hang_up(socks: List[socket.socket]) -> None:
 
 @contextlib.contextmanager
 def server_process(model_dir, log_path, name: str = "model", extra: Sequence[str] = (),
-                   start_timeout: float = 180.0) -> Iterator[Tuple[int, subprocess.Popen]]:
+                   start_timeout: float = 180.0, repo: Path = REPO) -> Iterator[Tuple[int, subprocess.Popen]]:
     """A real `gmeta serve` on a free loopback port, ready when yielded, always stopped after.
 
     Yields ``(port, process)``. Start-up is bounded: a server that exits or is not ready within
-    ``start_timeout`` s fails with the tail of its log.
+    ``start_timeout`` s fails with the tail of its log. ``repo``: the checkout whose gmeta_tf
+    serves (another commit's, to measure before and after a change).
     """
     port = free_port()
     cmd = [sys.executable, "-m", "gmeta_tf.cli.main", "serve", "--model", str(model_dir), "--port", str(port),
            "--name", name, *extra]
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + start_timeout
