@@ -22,6 +22,7 @@ and client hang-ups (``request_body``).
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 from http import HTTPStatus
 
@@ -127,4 +128,12 @@ def serve(config: ServeConfig) -> None:
     server = uvicorn.Server(uvicorn.Config(build_app(model, config.max_body_mb), host=config.host, port=config.port,
                                            log_config=None, timeout_graceful_shutdown=GRACE_PERIOD_S,
                                            loop="asyncio", lifespan="off"))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        # uvicorn drains on the signal, then raises it again with the handler it found: this one
+        # ends the process with exit 0 (as KServe's ModelServer did), not killed by the signal.
+        signal.signal(sig, _stopped)
     server.run()
+
+
+def _stopped(_signum, _frame) -> None:
+    """The signal asked for the stop that uvicorn has just carried out: nothing is left to do."""
