@@ -105,13 +105,12 @@ class BodyLimit:
     async def _run(self, scope, body: bytes, receive, send, declared: Optional[int]) -> None:
         """The app on ``body``, cancelled if the client disconnects before the response ends."""
         responded, gone = asyncio.Event(), asyncio.Event()
-        delivered = False
+        size, pending = len(body), [body]  # handed over once, not held while the model runs
+        del body
 
         async def replay():
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if pending:
+                return {"type": "http.request", "body": pending.pop(), "more_body": False}
             await gone.wait()
             return {"type": "http.disconnect"}
 
@@ -136,6 +135,6 @@ class BodyLimit:
             if not gone.is_set():
                 raise  # not the client's doing (the server is shutting down)
             task.uncancel()
-            raise ClientGone(len(body), declared, whole=True) from None
+            raise ClientGone(size, declared, whole=True) from None
         finally:
             watcher.cancel()
