@@ -17,6 +17,10 @@ would, and prints one JSON object:
 * ``stalled_100``: 100 clients send half a request and stall; a normal request's latency
   meanwhile; then they hang up: new log lines, lines at ERROR, tracebacks, 499 lines;
 * ``after``: the status of a normal request after all of it.
+
+``--c64-against DIR`` measures instead what the per-request work costs under load: 64 clients of
+one-row requests on this tree's server and on DIR's, side by side, alternating four 2 s rounds
+(requests/s, p99, RSS after).
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, Tuple
 
-from bench.serve import BATCHING, NAME, _one_row_body, model_under_bench
+from bench.serve import BATCHING, NAME, _drive, _one_row_body, _summary, model_under_bench
 from tests.serve_fixture import REPO, hang_up, rss_mib, send_body, server_process, stalled_request
 
 WORK = REPO / "bench" / "out" / "serve"  # the serve section's work folder (bench/run.py)
@@ -110,11 +114,27 @@ def measure(repo: Path = REPO, work: Path = WORK) -> Dict:
     return out
 
 
+def compare_c64(other: Path, work: Path = WORK, rounds: int = 4, seconds: float = 2.0) -> Dict:
+    """This tree's batched server and ``other``'s, 64 one-row clients, alternating rounds."""
+    work.mkdir(parents=True, exist_ok=True)
+    model = work / "serve-model" if (work / "requests.json").is_file() else model_under_bench(work)
+    body, extra = _one_row_body(work), ["--no-access-log", *BATCHING]
+    with server_process(model, work / "c64-this.log", name=NAME, extra=extra) as (this, this_proc), \
+            server_process(model, work / "c64-other.log", name=NAME, extra=extra, repo=other) as (that, that_proc):
+        _drive(this, body, 64, 1.0), _drive(that, body, 64, 1.0)  # warm-up
+        runs = [(_drive(that, body, 64, seconds), _drive(this, body, 64, seconds)) for _ in range(rounds)]
+        return {"other": {**_summary([r[0] for r in runs]), "rss_mib_after": rss_mib(that_proc.pid), "repo": str(other)},
+                "this": {**_summary([r[1] for r in runs]), "rss_mib_after": rss_mib(this_proc.pid)}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO, help="checkout whose gmeta_tf serves (default: this one)")
+    parser.add_argument("--c64-against", type=Path, default=None, metavar="DIR",
+                        help="instead: 64 one-row clients on this tree's server and DIR's, side by side")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.repo.resolve()), indent=1))
+    out = compare_c64(args.c64_against.resolve()) if args.c64_against else measure(args.repo.resolve())
+    print(json.dumps(out, indent=1))
     return 0
 
 
