@@ -222,6 +222,10 @@ HEADLINES = [
     ("serve.predict_1row_batched.c16.rows_per_call", "… rows per merged model call", ""),
     ("serve.batched_over_unbatched_rps_1row_c16", "1-row predict requests/s, micro-batching on / off, 16 clients",
      "≥ 1.5"),
+    ("serve.predict_1row_batched.c64.rps", "gmeta serve predict, 1-row requests, 64 clients, micro-batching on, "
+     "requests/s", ""),
+    ("serve.predict_1row_batched.c64.p99_ms", "… p99 ms", ""),
+    ("serve.rss_mib_after", "… that server's resident memory after every serve point, MiB", ""),
     ("faults.ps_kill_recovery_s", "PS kill -9 to the next completed step, --max-restarts 1, s (2w2ps)", ""),
     ("faults.ps_kill_steps_redone", "… steps redone (train.checkpoint_every 50)", "≤ 50"),
     ("faults.preempt_steps_redone", "SIGTERM to the launcher: steps redone after the resume", "0"),

@@ -14,6 +14,9 @@ most clients send) from 16 clients, ``serve.predict_1row.c16.*`` on the plain se
 ``serve.predict_1row_batched.c16.*`` on the batched one (with ``rows_per_call``, the mean merged
 batch from the server's /metrics), alternating in quarters; ``serve.batched_over_unbatched_rps_1row_c16``
 is their requests/s ratio (target >= 1.5: a merged call pays one model call for many rows).
+Then the issue-37 load: 64 clients of one-row requests on the batched server for ``seconds``
+(``serve.predict_1row_batched.c64.*``), and that server's resident memory after everything
+(``serve.rss_mib_after``: memory the requests leave behind).
 Clients and server share this box's cores, so absolute figures are pessimistic; the ratios are
 what to track.
 """
@@ -146,7 +149,7 @@ def _summary(runs) -> Dict[str, float]:
 def measure(work: Path, seconds: float = 3.0) -> Dict:
     """Both servers run side by side; each predict point alternates between them in two halves,
     so the batching ratio compares the same minutes of this shared box."""
-    from tests.serve_fixture import server_process
+    from tests.serve_fixture import rss_mib, server_process
 
     work.mkdir(parents=True, exist_ok=True)
     model = model_under_bench(work)
@@ -154,7 +157,7 @@ def measure(work: Path, seconds: float = 3.0) -> Dict:
     results: Dict = {"rows_per_request": ROWS, "support_per_request": SUPPORT, "seconds_per_point": seconds}
     with server_process(model, work / "serve.log", name=NAME, extra=["--no-access-log"]) as (plain, _), \
             server_process(model, work / "serve-batched.log", name=NAME,
-                           extra=["--no-access-log", *BATCHING]) as (batched, _):
+                           extra=["--no-access-log", *BATCHING]) as (batched, batched_proc):
         results["predict"], results["predict_batched"] = {}, {}
         for c in (1, 16):
             halves = [(_drive(plain, predict, c, seconds / 2), _drive(batched, predict, c, seconds / 2))
@@ -171,6 +174,12 @@ def measure(work: Path, seconds: float = 3.0) -> Dict:
         results["predict_1row"] = {"c16": _summary([q[0] for q in quarters])}
         results["predict_1row_batched"] = {"c16": {**_summary([q[1] for q in quarters]),
                                                    "rows_per_call": (rows1 - rows0) / max(calls1 - calls0, 1)}}
+        calls0, rows0 = _calls_and_rows(batched)
+        results["predict_1row_batched"]["c64"] = _summary([_drive(batched, one_row, 64, seconds)])
+        calls1, rows1 = _calls_and_rows(batched)
+        results["predict_1row_batched"]["c64"]["rows_per_call"] = (rows1 - rows0) / max(calls1 - calls0, 1)
+        time.sleep(1.0)
+        results["rss_mib_after"] = rss_mib(batched_proc.pid)
     results["batched_over_unbatched_rps_c16"] = (results["predict_batched"]["c16"]["rps"]
                                                  / results["predict"]["c16"]["rps"])
     results["batched_over_unbatched_rps_1row_c16"] = (results["predict_1row_batched"]["c16"]["rps"]

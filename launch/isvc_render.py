@@ -37,13 +37,16 @@ MODEL_MOUNT = "/mnt/models"  # where KServe's storage initializer puts STORAGE_U
 PORT = 8080  # KServe's default HTTP port for predictors
 SERVE_LABEL = "gmeta-tf/inference-service"
 DEFAULTS = {"cpu": "2", "memory": "4Gi", "min_replicas": 1, "max_replicas": 1, "max_batch_size": 0,
-            "max_latency_ms": 2.0}
+            "max_latency_ms": 2.0, "max_body_mb": None}  # max_body_mb None: gmeta serve's own default
 
 
-def serve_command(model_name: str, max_batch_size: int, max_latency_ms: float) -> List[str]:
+def serve_command(model_name: str, max_batch_size: int, max_latency_ms: float,
+                  max_body_mb: Optional[float] = None) -> List[str]:
     cmd = ["gmeta", "serve", "--model", MODEL_MOUNT, "--port", str(PORT), "--host", "0.0.0.0", "--name", model_name]
     if max_batch_size:
         cmd += ["--max-batch-size", str(max_batch_size), "--max-latency-ms", f"{max_latency_ms:g}"]
+    if max_body_mb is not None:
+        cmd += ["--max-body-mb", f"{max_body_mb:g}"]
     return cmd
 
 
@@ -60,6 +63,7 @@ def render_inference_service(
     max_replicas: int = DEFAULTS["max_replicas"],
     max_batch_size: int = DEFAULTS["max_batch_size"],
     max_latency_ms: float = DEFAULTS["max_latency_ms"],
+    max_body_mb: Optional[float] = DEFAULTS["max_body_mb"],
 ) -> Dict[str, Any]:
     """The InferenceService as a dict; ``UserError`` names the bad option."""
     if not isinstance(name, str) or not _DNS1035_LABEL.match(name) or len(name) > 63:
@@ -83,13 +87,15 @@ def render_inference_service(
         raise UserError(f"--max-replicas {max_replicas} is below --min-replicas {min_replicas}")
     if max_latency_ms < 0:
         raise UserError(f"--max-latency-ms must be >= 0, got {max_latency_ms!r}")
+    if max_body_mb is not None and not max_body_mb > 0:
+        raise UserError(f"--max-body-mb must be a number > 0 (MiB), got {max_body_mb!r}")
     return _render(
         "inferenceservice.yaml.j2",
         name=name,
         namespace=namespace,
         labels={"app.kubernetes.io/name": APP_NAME, SERVE_LABEL: name},
         image=image,
-        command=serve_command(model_name, max_batch_size, max_latency_ms),
+        command=serve_command(model_name, max_batch_size, max_latency_ms, max_body_mb),
         env={"STORAGE_URI": model_uri, "PYTHONUNBUFFERED": "1"},
         port=PORT,
         ready_path=f"/v2/models/{model_name}/ready",

@@ -11,7 +11,10 @@
   ``example_inputs`` makes requests for it. Its ``read`` signature fails inside the model on a
   path that does not exist: a server fault (HTTP 500), not a client error.
 * ``server_process``: the real `gmeta serve` on a free port, stopped after; ``request``: one HTTP
-  request to it.
+  request to it. ``send_body`` streams a body over a raw socket (declared length or chunked)
+  and reads the answer while it sends; ``big_body`` makes a request body of any size without
+  holding it; ``stalled_request`` is a client that sends half a request and waits; ``rss_mib``
+  is a process's resident memory.
 
 The stand-in's signatures:
 
@@ -28,11 +31,13 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -251,19 +256,126 @@ def request(port: int, method: str, path: str, body: Any = None, timeout: float 
         return resp.status, text
 
 
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory of process ``pid``, MiB: now (``VmRSS``) or its peak so far (``VmHWM``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024.0
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+def big_body(path: str, size: int, chunk: int = 1 << 20) -> Tuple[int, Iterator[bytes]]:
+    """A JSON request body for ``path`` (v1 ``/…:predict`` or v2 ``/…/infer``) of exactly ``size``
+    bytes (at least ~100), made as it is sent: (size, chunks). v1: one ``user`` input of ``size``/2
+    ids; v2: one INT64 input whose data is as many ids. Which input does not matter: it is the
+    size under test (without a limit the server parses it whole)."""
+    if path.endswith("/infer"):
+        head, tail = b'{"inputs": [{"name": "user", "shape": [-1], "datatype": "INT64", "data": [', b"7]}]}"
+    else:
+        head, tail = b'{"inputs": {"user": [', b"7]}}"
+    middle = size - len(head) - len(tail)
+    if middle < 0:
+        raise ValueError(f"big_body: {size} bytes is too small")
+
+    def chunks() -> Iterator[bytes]:
+        yield head
+        block = b"7," * (chunk // 2)
+        left = middle - middle % 2
+        while left > 0:
+            part = block[:left]
+            left -= len(part)
+            yield part
+        if middle % 2:
+            yield b" "
+        yield tail
+
+    return size, chunks()
+
+
+def send_body(port: int, path: str, chunks: Iterable[bytes], length: Optional[int] = None,
+              timeout: float = 60.0) -> Tuple[int, str, int]:
+    """POST ``chunks`` to 127.0.0.1:port over a raw socket, with ``Content-Length: length``, or
+    chunked when ``length`` is None; the answer is read while the body is still being sent (a
+    server that refuses a body answers before it is sent whole, and closes). Returns (status, body
+    text, body bytes the client managed to send). Status 0: the connection closed without an answer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Content-Type: application/json",
+            f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"]
+    sent = [0]
+
+    def write() -> None:
+        try:
+            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+            for c in chunks:
+                if not c:
+                    continue
+                sock.sendall(c if length is not None else b"%x\r\n%s\r\n" % (len(c), c))
+                sent[0] += len(c)
+            if length is None:
+                sock.sendall(b"0\r\n\r\n")
+        except OSError:  # the server refused the rest (closed): what the caller checks
+            pass
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    answer = b""
+    try:
+        while True:
+            try:
+                data = sock.recv(1 << 16)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            answer += data
+            head_end = answer.find(b"\r\n\r\n")
+            if head_end >= 0:
+                lines = answer[:head_end].decode("latin-1").split("\r\n")
+                declared = [int(ln.split(":", 1)[1]) for ln in lines if ln.lower().startswith("content-length:")]
+                if declared and len(answer) >= head_end + 4 + declared[0]:
+                    break
+    finally:
+        if writer.is_alive():  # still sending to a server that answered: stop it
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        writer.join(timeout)
+        sock.close()
+    if not answer:
+        return 0, "", sent[0]
+    head_end = answer.find(b"\r\n\r\n")
+    return int(answer.split(b" ", 2)[1]), answer[head_end + 4:].decode("utf-8", "replace"), sent[0]
+
+
+def stalled_request(port: int, path: str, chunked: bool = False, body: int = 1000) -> socket.socket:
+    """A client that sends the headers and half of a ``body``-byte request, then waits (the
+    caller closes it: a hang-up)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {body}"
+    half = b"7" * (body // 2)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{framing}\r\n\r\n"
+                 .encode() + (b"%x\r\n%s\r\n" % (len(half), half) if chunked else half))
+    return sock
+
+
+def hang_up(socks: List[socket.socket]) -> None:
+    for s in socks:
+        s.close()
+
+
 @contextlib.contextmanager
 def server_process(model_dir, log_path, name: str = "model", extra: Sequence[str] = (),
-                   start_timeout: float = 180.0) -> Iterator[Tuple[int, subprocess.Popen]]:
+                   start_timeout: float = 180.0, repo: Path = REPO) -> Iterator[Tuple[int, subprocess.Popen]]:
     """A real `gmeta serve` on a free loopback port, ready when yielded, always stopped after.
 
     Yields ``(port, process)``. Start-up is bounded: a server that exits or is not ready within
-    ``start_timeout`` s fails with the tail of its log.
+    ``start_timeout`` s fails with the tail of its log. ``repo``: the checkout whose gmeta_tf
+    serves (another commit's, to measure before and after a change).
     """
     port = free_port()
     cmd = [sys.executable, "-m", "gmeta_tf.cli.main", "serve", "--model", str(model_dir), "--port", str(port),
            "--name", name, *extra]
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         deadline = time.monotonic() + start_timeout

@@ -89,7 +89,8 @@ def _rendered_commands():
     _, tfjob = render_manifests(cfg, image="registry.example/gmeta-tf:0.1.0", workers=2, ps=1,
                                 checkpoint_pvc="gmeta-ckpt", name="maml-1")
     isvc = render_inference_service(name="recs", image="registry.example/gmeta-tf:0.1.0",
-                                    model_uri="pvc://gmeta-ckpt/exports/recs", max_batch_size=8)
+                                    model_uri="pvc://gmeta-ckpt/exports/recs", max_batch_size=8,
+                                    max_body_mb=128)
     pods = [spec["template"]["spec"] for spec in tfjob["spec"]["tfReplicaSpecs"].values()]
     return [c["command"] for pod in pods for c in pod["containers"]] + \
            [c["command"] for c in isvc["spec"]["predictor"]["containers"]]

@@ -58,6 +58,17 @@ def test_render_validates_and_serves_the_model_with_gmeta_serve(batch):
     assert c["resources"] == {"requests": {"cpu": "4", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}
 
 
+def test_max_body_mb_reaches_gmeta_serve():
+    """Issue 37: the body limit is gmeta serve's --max-body-mb; left out, gmeta serve's default holds."""
+    doc = render_inference_service(**BASE, max_body_mb=256)
+    validate_inference_service(doc)
+    assert _container(doc)["command"][-2:] == ["--max-body-mb", "256"]
+    assert "--max-body-mb" not in _container(render_inference_service(**BASE))["command"]
+    r = _invoke(["--image", "reg/gmeta:1", "--model-uri", "pvc://c/m", "--name", "recs", "--max-body-mb", "0.5"])
+    assert r.exit_code == 0, r.output + r.stderr
+    assert _container(next(yaml.safe_load_all(r.stdout)))["command"][-2:] == ["--max-body-mb", "0.5"]
+
+
 def test_the_schema_catches_a_broken_manifest():
     doc = render_inference_service(**BASE)
     broken = copy.deepcopy(doc)
@@ -132,6 +143,7 @@ def test_cli_without_crd_is_an_error_and_writes_nothing(tmp_path, monkeypatch):
     (["--min-replicas", "3", "--max-replicas", "2"], "--max-replicas 2 is below --min-replicas 3"),
     (["--max-batch-size", "-1"], "--max-batch-size must be an integer >= 0"),
     (["--namespace", "ML"], "--namespace 'ML'"),
+    (["--max-body-mb", "0"], "--max-body-mb must be a number > 0"),
 ])
 def test_cli_bad_option_is_one_line_naming_it(extra, needle):
     args = {"--image": "reg/gmeta:1", "--model-uri": "pvc://c/m", "--name": "recs"}

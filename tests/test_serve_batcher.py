@@ -109,3 +109,36 @@ def test_an_error_reaches_only_the_request_that_caused_it():
     for i, (r, a) in enumerate(zip(requests, answers)):
         if i != 3:
             np.testing.assert_array_equal(a["score"], 10 * r["user"] + r["item"])
+
+
+def test_a_cancelled_request_leaves_the_queue_unscored():
+    """A request whose client hung up (its task cancelled, see ``request_body``) while it waited
+    for a merged call is dropped: its rows are never scored, its batch-mates are answered."""
+    released = threading.Event()
+    users = []
+
+    def model(arrays):
+        users.append(arrays["user"].tolist())
+        released.wait(10)
+        return {"score": (10 * arrays["user"] + arrays["item"]).astype(np.float32)}
+
+    batcher = MicroBatcher(model, BatchingConfig(max_batch_size=64, max_latency_ms=50, max_inflight=1), UNDECLARED)
+    requests = [_request(i) for i in range(4)]
+
+    async def main():
+        first = asyncio.ensure_future(batcher.submit(requests[0]))
+        while not users:  # the model is busy with the first request: the others queue behind it
+            await asyncio.sleep(0.005)
+        queued = [asyncio.ensure_future(batcher.submit(r)) for r in requests[1:]]
+        await asyncio.sleep(0.05)
+        queued[0].cancel()
+        queued[2].cancel()
+        await asyncio.sleep(0.01)
+        released.set()
+        return await asyncio.gather(first, *queued, return_exceptions=True)
+
+    answers = asyncio.run(main())
+    assert isinstance(answers[1], asyncio.CancelledError) and isinstance(answers[3], asyncio.CancelledError)
+    for i in (0, 2):
+        np.testing.assert_array_equal(answers[i]["score"], 10 * requests[i]["user"] + requests[i]["item"])
+    assert users == [requests[0]["user"].tolist(), requests[2]["user"].tolist()]  # 1 and 3 never reach the model

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -491,3 +492,17 @@ def test_bad_model_dir_is_one_line_exit_2(tmp_path, kind):
                 "damaged": "does not load", "no signatures": "no signatures to serve"}[kind]
     assert expected in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_server_gracefully_with_exit_0(tmp_path, sig):
+    """What a pod's stop sends: uvicorn drains and the process exits 0 (as under KServe's own
+    ModelServer), not killed by the signal."""
+    model_dir = build_model(tmp_path / "model")
+    log = tmp_path / "serve.log"
+    with server_process(model_dir, log, name=NAME) as (port, proc):
+        assert request(port, "GET", "/v2/health/ready")[0] == 200
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0, log.read_text()[-2000:]
+    text = log.read_text()
+    assert "Finished server process" in text and "Traceback" not in text, text[-2000:]

@@ -34,14 +34,14 @@ def _want(keys):
 def test_ready_only_after_load(string_model):
     from kserve.errors import NoModelReady
 
-    from gmeta_tf.serve.kserve_lib import ModelServer
     from gmeta_tf.serve.model import SavedModelServer
+    from gmeta_tf.serve.server import build_app
 
     model = SavedModelServer("m", str(string_model))
     model.start()  # KServe's default start() would mark any model ready
     assert model.ready is False
     with pytest.raises(NoModelReady):
-        ModelServer(http_port=0, enable_grpc=False)._register_and_check_atleast_one_model_is_ready([model])
+        build_app(model)
     assert model.load() is True and model.ready is True
 
 
@@ -140,3 +140,38 @@ def test_tf_error_cause_drops_where_and_keeps_why():
                "<stack traces unavailable>\nInput matrix is not invertible.\n"
                "\t [[{{node inner_loop/MatrixSolve}}]] [Op:__inference_signature_wrapper_5063]")
     assert tf_error_cause(message) == "Input matrix is not invertible."
+
+
+def test_the_kserve_surface_gmeta_serve_builds_on():
+    """Issue 36.5: every KServe name the server uses exists, public, with the parameters it is
+    called with (``kserve_lib.RELIED_ON``); a KServe upgrade that changes one fails here, naming
+    it. And nothing in gmeta_tf/serve reaches KServe but through kserve_lib, by a listed name."""
+    import ast
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    from gmeta_tf.serve.kserve_lib import RELIED_ON
+
+    for where, params in RELIED_ON.items():
+        module, _, attr = where.partition(":")
+        assert not any(p.startswith("_") for p in attr.split(".")), f"{where}: a private KServe name"
+        obj = importlib.import_module(module)
+        for part in attr.split("."):
+            assert hasattr(obj, part), f"KServe changed: {where} is gone (gmeta_tf/serve relies on it)"
+            obj = getattr(obj, part)
+        if params is not None:
+            got = tuple(inspect.signature(obj).parameters)[:len(params)]
+            assert got == params, f"KServe changed: {where} takes {got}, gmeta_tf/serve calls it with {params}"
+
+    serve = Path(__file__).resolve().parents[1] / "gmeta_tf" / "serve"
+    listed = {(m, a.split(".")[0]) for m, _, a in (w.partition(":") for w in RELIED_ON)}
+    for path in serve.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "kserve" for a in node.names), f"{path.name} imports kserve"
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kserve":
+                assert path.name == "kserve_lib.py", f"{path.name} imports KServe directly: go through kserve_lib"
+                for alias in node.names:
+                    assert (node.module, alias.name) in listed, f"kserve_lib imports {node.module}.{alias.name}, " \
+                                                                "which RELIED_ON does not list"

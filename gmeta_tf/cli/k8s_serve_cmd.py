@@ -22,11 +22,13 @@ from launch.isvc_render import DEFAULTS
               help="gmeta serve --max-batch-size: merge concurrent predict requests (0: off).")
 @click.option("--max-latency-ms", type=float, default=DEFAULTS["max_latency_ms"], show_default=True,
               help="gmeta serve --max-latency-ms.")
+@click.option("--max-body-mb", type=float, default=DEFAULTS["max_body_mb"],
+              help="gmeta serve --max-body-mb: largest request body, MiB (default: gmeta serve's).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Write the YAML to this file instead of stdout.")
 @friendly_errors
 def render_serving_cmd(image, model_uri, name, namespace, model_name, cpu, memory, min_replicas, max_replicas,
-                       max_batch_size, max_latency_ms, out_file):
+                       max_batch_size, max_latency_ms, max_body_mb, out_file):
     """Write a serving.kserve.io/v1beta1 InferenceService that serves an exported model.
 
     Its predictor container runs `gmeta serve --model /mnt/models` (KServe downloads --model-uri
@@ -38,7 +40,7 @@ def render_serving_cmd(image, model_uri, name, namespace, model_name, cpu, memor
     doc = render_inference_service(name=name, image=image, model_uri=model_uri, namespace=namespace,
                                    model_name=model_name, cpu=cpu, memory=memory, min_replicas=min_replicas,
                                    max_replicas=max_replicas, max_batch_size=max_batch_size,
-                                   max_latency_ms=max_latency_ms)
+                                   max_latency_ms=max_latency_ms, max_body_mb=max_body_mb)
     validate_inference_service(doc)  # a missing CRD raises CrdNotFoundError: nothing unvalidated is written
     if write_output(to_yaml([doc]), out_file):
         click.echo(f"wrote {out_file}: InferenceService {name} serving {model_uri}")

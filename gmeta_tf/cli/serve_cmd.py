@@ -2,6 +2,7 @@
 import click
 
 from gmeta_tf.cli.common import friendly_errors
+from gmeta_tf.serve.request_body import DEFAULT_MAX_BODY_MB
 
 
 @click.command("serve")
@@ -16,9 +17,11 @@ from gmeta_tf.cli.common import friendly_errors
               help="Merge concurrent predict requests into calls of up to this many rows (0: off).")
 @click.option("--max-latency-ms", type=click.FloatRange(0), default=2.0, show_default=True,
               help="Longest a request waits for batch-mates (with --max-batch-size).")
+@click.option("--max-body-mb", type=click.FloatRange(0, min_open=True), default=DEFAULT_MAX_BODY_MB,
+              show_default=True, help="Largest request body, MiB: a larger one is refused with 413 before it is read.")
 @click.option("--access-log/--no-access-log", default=True, show_default=True, help="One log line per request.")
 @friendly_errors
-def serve_cmd(model_dir, port, name, host, max_batch_size, max_latency_ms, access_log):
+def serve_cmd(model_dir, port, name, host, max_batch_size, max_latency_ms, max_body_mb, access_log):
     """Serve a SavedModel's signatures: TF Serving-style v1 REST and Open Inference Protocol v2.
 
     POST /v1/models/NAME:predict with {"signature_name": ..., "instances" | "inputs": ...};
@@ -27,5 +30,5 @@ def serve_cmd(model_dir, port, name, host, max_batch_size, max_latency_ms, acces
     from gmeta_tf.serve.batcher import BatchingConfig
     from gmeta_tf.serve.server import ServeConfig, serve
 
-    serve(ServeConfig(model_dir=model_dir, port=port, name=name, host=host, access_log=access_log,
+    serve(ServeConfig(model_dir=model_dir, port=port, name=name, host=host, access_log=access_log, max_body_mb=max_body_mb,
                       batching=BatchingConfig(max_batch_size=max_batch_size, max_latency_ms=max_latency_ms)))

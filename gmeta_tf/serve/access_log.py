@@ -10,7 +10,9 @@ traceback KServe's own handler still logs. The 4xx handlers answer as KServe's d
 trace. KServe's per-request timing lines and uvicorn's access line are turned off in its favour.
 Starlette re-raises an exception after KServe's catch-all handler has logged it and answered 500,
 and uvicorn would log the same traceback again ("Exception in ASGI application"): that second
-copy is dropped, so a server fault is one traceback.
+copy is dropped, so a server fault is one traceback. A client that hangs up before its
+response (``request_body.ClientGone``) is one line at WARNING too, status 499 with the bytes
+read: the client's doing, never a 500.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import time
 from http import HTTPStatus
 
 import orjson
+
+from gmeta_tf.serve.request_body import CLIENT_CLOSED, ClientGone
 
 SERVE_LOGGER = "gmeta.serve"
 ACCESS_LOGGER = SERVE_LOGGER + ".access"
@@ -94,10 +98,13 @@ class AccessLog:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or self.log.disabled:
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            except ClientGone:
+                pass
             return
         t0 = time.perf_counter()
-        status, error = [HTTPStatus.INTERNAL_SERVER_ERROR.value], []
+        status, error, reason = [HTTPStatus.INTERNAL_SERVER_ERROR.value], [], None
 
         async def record(message):
             if message["type"] == "http.response.start":
@@ -108,6 +115,8 @@ class AccessLog:
 
         try:
             await self.app(scope, receive, record)
+        except ClientGone as gone:
+            status[0], reason = CLIENT_CLOSED, gone.describe()
         finally:
             code = status[0]
             client = scope.get("client") or ("-", 0)
@@ -118,6 +127,6 @@ class AccessLog:
             if code < 400:
                 self.log.info(line)
             elif code < 500:
-                self.log.warning("%s: %s", line, _error_text(b"".join(error)))
+                self.log.warning("%s: %s", line, reason or _error_text(b"".join(error)))
             else:
                 self.log.error(line)

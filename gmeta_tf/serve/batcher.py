@@ -9,7 +9,8 @@ lone client pays no batching delay, and under load the wait overlaps a call that
 requests wait (later ones wait to enqueue: back-pressure, not unbounded memory) and at most
 ``max_inflight`` merged calls run at once. Inputs are validated before they are queued, so one
 request's error cannot fail its batch-mates; if a merged call fails anyway, each request of the
-batch is retried alone so the error reaches only the request that caused it.
+batch is retried alone so the error reaches only the request that caused it. A request cancelled
+while it waits (its client hung up: ``request_body``) is dropped, its rows never scored.
 
 Which signatures can be merged, and how lists of different lengths are padded, is what the
 export declares (``signatures.py``); ``not_batchable`` says why one cannot, and the server logs
@@ -106,9 +107,16 @@ class MicroBatcher:
         await self._queue.put(_Item(arrays, int(next(iter(arrays.values())).shape[0]), future))
         return await future
 
+    async def _next(self) -> _Item:
+        """The next queued request whose caller still waits for it."""
+        while True:
+            item = await self._queue.get()
+            if not item.future.done():
+                return item
+
     async def _collect(self) -> List[_Item]:
         loop = asyncio.get_running_loop()
-        items = [await self._queue.get()]
+        items = [await self._next()]
         rows = items[0].rows
         deadline = loop.time() + self._config.max_latency_ms / 1000.0
         while rows < self._config.max_batch_size:
@@ -124,6 +132,8 @@ class MicroBatcher:
                     break
             else:
                 item = self._queue.get_nowait()
+            if item.future.done():
+                continue
             items.append(item)
             rows += item.rows
         return items
@@ -137,7 +147,10 @@ class MicroBatcher:
 
     async def _call(self, items: List[_Item]) -> None:
         loop = asyncio.get_running_loop()
+        items = [it for it in items if not it.future.done()]  # cancelled while it waited for batch-mates
         try:
+            if not items:
+                return
             if len(items) == 1:
                 await self._settle(items[0], loop)
                 return
@@ -158,6 +171,8 @@ class MicroBatcher:
             self._inflight.release()
 
     async def _settle(self, item: _Item, loop) -> None:
+        if item.future.done():
+            return
         try:
             result = await loop.run_in_executor(None, self._run, item.arrays)
         except Exception as e:  # delivered to the request that caused it
