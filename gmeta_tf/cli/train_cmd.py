@@ -79,7 +79,8 @@ def train(config_path, overrides, data, run_dir, algo, steps, resume, warm_start
                    "the latest, or a step number.")
 @click.option("--compare", "compare_runs", multiple=True, metavar="RUN",
               help="Also pair this run's users with another run's (its eval_tasks.parquet, written by its own "
-                   "gmeta eval on the same split): the per-user difference with a 95% interval. Repeatable.")
+                   "gmeta eval on the same split): the per-user difference with a bootstrap interval at "
+                   "eval.bootstrap_confidence (default 0.95). Repeatable.")
 @friendly_errors
 def eval_cmd(run_dir, split, overrides, which, compare_runs):
     """Adapt to each unseen task on its support set, score its query set.
