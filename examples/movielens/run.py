@@ -224,12 +224,9 @@ def summarize(pooled: Dict[int, object], boot, names: Sequence[str]) -> Dict:
     for n, scores in pooled.items():
         row: Dict = {name: {m: scores.metric(name, m) for m in METRICS} for name in names if name in scores.scorers}
         comparisons: Dict = {}
-        for a in META_LEARNERS:
-            if a not in scores.scorers:
-                continue
-            for b in [*REFERENCES, f"{a}_no_adapt"]:
-                if b in scores.scorers:
-                    comparisons[f"{a}_vs_{b}"] = paired.compare(scores, a, b, boot, METRICS)
+        for a in (a for a in META_LEARNERS if a in scores.scorers):
+            refs = [b for b in [*REFERENCES, f"{a}_no_adapt"] if b in scores.scorers]
+            comparisons.update(paired.report(scores, [a], refs, boot, metrics=METRICS)["comparisons"])
         row["paired"] = comparisons
         out[str(n)] = row
     return out

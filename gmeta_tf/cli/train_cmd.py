@@ -101,12 +101,9 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
     result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
     # which data was scored, and with which checkpoint
     result["data"] = {**data_record(cfg.data.path, load_schema(cfg.data.path)), "checkpoint": ckpt.restored}
-    others = {}
-    for other_run in compare_runs:  # all read (and refused) before anything is written
-        other = load_for_comparison(other_run, tasks)
-        others[other_run] = (other, other.named("model"))
-    result["paired"] = paired.report(tasks, tasks.named("model"), tasks.named("variant") + tasks.named("baseline"),
-                                     paired.Bootstrap.from_eval(cfg.eval), others)
+    # all read (and refused) before anything is written
+    others = {other_run: load_for_comparison(other_run, tasks) for other_run in compare_runs}
+    result["paired"] = paired.eval_report(tasks, paired.Bootstrap.from_eval(cfg.eval), others)
     path = write_eval(run_dir, result, tasks)
     click.echo(format_table([result]))
     click.echo(format_paired(result["paired"]))
