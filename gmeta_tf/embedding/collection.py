@@ -37,7 +37,6 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ConfigError
 from gmeta_tf.embedding import fused, table_files
 from gmeta_tf.embedding.column_split import ColumnSplitTable, sync_block_iterations, table_iterations

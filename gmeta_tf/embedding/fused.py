@@ -46,7 +46,6 @@ import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 from tensorflow.python.trackable import base as trackable
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.fused_keys import KeyCodec
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name

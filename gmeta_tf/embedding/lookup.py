@@ -17,7 +17,6 @@ from typing import Dict, List, Optional, Sequence
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding.fused import FusedMember
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.ps_requests import PsRequests

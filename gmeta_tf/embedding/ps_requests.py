@@ -47,7 +47,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.fused import FusedMember, FusedTable
 from gmeta_tf.embedding.hot_cold import HotColdTable

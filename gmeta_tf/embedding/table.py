@@ -21,7 +21,6 @@ from tensorflow_recommenders_addons.dynamic_embedding.python.ops.dynamic_embeddi
     default_partition_fn,
 )
 
-import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name
 from gmeta_tf.embedding.table_files import export_variable, slot_name
