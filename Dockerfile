@@ -4,25 +4,27 @@
 #
 # pip never reaches an index here: every package comes from build/wheelhouse (made on the host by
 # launch/image/wheelhouse.sh from requirements.txt and the Makefile), so a rebuild installs the
-# same files, offline. No version is written in this file.
+# same files, offline. No package version is written in this file; the one version it names is the
+# interpreter's, once, as the default of the PYTHON build argument (the Makefile's PYTHON).
 #
 # Stages: venv (the pinned stack in /opt/gmeta) -> build (Horovod, gmeta-tf itself, checks) ->
 # runtime (python and the venv; no compiler, no pip cache, no wheelhouse; runs as uid 1000).
 #
 # Build arguments:
-#   BASE_IMAGE      runtime base; debian:bookworm-slim (python3.11, as the venv of make install).
+#   BASE_IMAGE      runtime base; debian:bookworm-slim (its python is the venv's of make install).
 #                   `make image` passes the bookworm image it makes with mmdebstrap.
 #   BUILD_IMAGE     base of the build stages (default: BASE_IMAGE).
-#   PYTHON          the Debian/Ubuntu package and command of the interpreter (python3.11).
+#   PYTHON          the Debian/Ubuntu package and command of the interpreter (default below).
 #   HOROVOD_FROM    wheelhouse (the wheel `make install` built, Gloo, CPU) or source (compile
 #                   Horovod here against the installed TensorFlow: the GPU variant with NCCL).
 #   HOROVOD_GPU_OPERATIONS   NCCL for the GPU variant (with HOROVOD_FROM=source); empty for CPU.
 ARG BASE_IMAGE=debian:bookworm-slim
 ARG BUILD_IMAGE=${BASE_IMAGE}
 ARG HOROVOD_FROM=wheelhouse
+ARG PYTHON=python3.11
 
 FROM ${BUILD_IMAGE} AS venv
-ARG PYTHON=python3.11
+ARG PYTHON
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
@@ -36,7 +38,7 @@ RUN "${PYTHON}" -m venv /opt/gmeta \
  && /opt/gmeta/bin/pip install --no-index --find-links /wheelhouse -r /src/requirements.txt -r /wheelhouse/tf-extra.txt
 
 FROM venv AS build
-ARG PYTHON=python3.11
+ARG PYTHON
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG HOROVOD_FROM
 ARG HOROVOD_GPU_OPERATIONS=
@@ -73,7 +75,7 @@ RUN /opt/gmeta/bin/pip install --no-index --no-deps --no-build-isolation /src \
  && /opt/gmeta/bin/pip freeze --all > /opt/gmeta/pip-freeze.txt
 
 FROM ${BASE_IMAGE} AS runtime
-ARG PYTHON=python3.11
+ARG PYTHON
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 LABEL org.opencontainers.image.title="gmeta-tf" \
       org.opencontainers.image.description="Distributed meta-learning trainer for recommenders: gmeta train, ps serve, k8s entrypoint, serve"
@@ -89,8 +91,8 @@ COPY --from=build /opt/gmeta /opt/gmeta
 # configs/quickstart.yaml, relative to the working directory).
 COPY configs /opt/gmeta-tf/configs
 RUN ln -s /opt/gmeta-tf/configs /home/gmeta/configs
+# (TF_USE_LEGACY_KERAS: importing gmeta_tf sets it, before TensorFlow.)
 ENV PATH=/opt/gmeta/bin:${PATH} \
-    TF_USE_LEGACY_KERAS=1 \
     TF_CPP_MIN_LOG_LEVEL=2 \
     PYTHONUNBUFFERED=1
 # Numeric, so that Kubernetes' runAsNonRoot can verify it; the TFJob's pods get fsGroup 1000 so

@@ -5,6 +5,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+# The package sets it itself (gmeta_tf/__init__.py); this is for the tools run here that import
+# TensorFlow without it (horovodrun --check-build).
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVOD_VERSION := 0.28.1

@@ -171,7 +171,8 @@ def compare(variants: Sequence[str], rounds: int = 1) -> Dict[str, Dict[str, flo
     another (``rounds`` times, alternating, median), on the bench's data."""
     import statistics
 
-    from bench.run import WORK, _prepared_data
+    from bench.data import WORK
+    from bench.data import prepared_data as _prepared_data
 
     data, _ = _prepared_data()
     runs: Dict[str, List[Dict[str, float]]] = {v: [] for v in variants}

@@ -256,7 +256,7 @@ def main(argv: List[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import gmeta_tf  # noqa: F401
-    from bench.run import _prepared_data
+    from bench.data import prepared_data as _prepared_data
     from gmeta_tf.config.loader import load_config
 
     data, _ = _prepared_data()

@@ -47,7 +47,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         path = sys.argv[1]
     else:
-        from bench.run import _prepared_data
+        from bench.data import prepared_data as _prepared_data
 
         path = _prepared_data()[0]
     print(json.dumps(measure(path), indent=1))

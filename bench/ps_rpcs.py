@@ -186,12 +186,12 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
     counts = run_step(built.step_fn, batches[0])
     for batch in batches[1:]:
         built.step_fn.step(batch)
-    from gmeta_tf.embedding.fused import FusedTable
+    from gmeta_tf.embedding.fused import fused_tables
 
     storage = built.model.storage_tables()
     requests = built.model.embeddings.requests
     served = requests.tables if requests is not None else []
-    fused = [isinstance(t, FusedTable) for t in storage]
+    fused = [any(t is f for f in fused_tables(storage)) for t in storage]
     counts.update(tables=len(storage), ps=rt.ps_tasks, shards=[len(t.devices) for t in storage],
                   logical_tables=len(built.model.tables),
                   slots=slot_count(cfg.train.embedding_optimizer), init_rows=cfg.model.init_rows,

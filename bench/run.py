@@ -14,32 +14,13 @@ import json
 import resource
 import sys
 import time
-from pathlib import Path
 from typing import Callable, Dict
 
 import gmeta_tf  # noqa: F401
+from bench.data import BENCH_DIR, WORK
+from bench.data import prepared_data as _prepared_data
 
-BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results.json"
-WORK = BENCH_DIR / "out"
-
-
-def _prepared_data(tasks: int = 3000, shards: int = 0):
-    """Synthetic click data prepared with the quickstart config (``shards`` > 0 overrides its shards)."""
-    from gmeta_tf.config.loader import load_config
-    from gmeta_tf.data.prepare import prepare
-    from gmeta_tf.data.synth import synth
-
-    prepared = WORK / (f"data-{tasks}" + (f"-{shards}shards" if shards else "")) / "prepared"
-    t0 = time.perf_counter()
-    s = synth(str(prepared.parent / "raw"), tasks=tasks, seed=0, overwrite=True)
-    t1 = time.perf_counter()
-    prepare([str(prepared.parent / "raw")], str(prepared),
-            load_config("configs/quickstart.yaml", [f"prepare.shards={shards}"] if shards else []).prepare,
-            overwrite=True)
-    t2 = time.perf_counter()
-    return str(prepared), {"rows": s["rows"], "synth_rows_per_s": s["rows"] / (t1 - t0),
-                           "prepare_rows_per_s": s["rows"] / (t2 - t1)}
 
 
 JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],

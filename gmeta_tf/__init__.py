@@ -11,7 +11,9 @@ Data flows prepare → Meta-IO → model → meta step → PS / all-reduce → c
 * ``gmeta_tf.evaluation`` adapt-then-score on unseen tasks, metrics
 
 ``TF_USE_LEGACY_KERAS`` must be set before TensorFlow is first imported (TFRA rejects Keras 3
-optimizers), so importing this package sets it.
+optimizers), so importing this package sets it. Python runs this file before any module of the
+package, so no module of it needs to say so again; code outside the package (``ps/``, ``bench/``,
+scripts) imports ``gmeta_tf`` before TensorFlow.
 """
 import os
 

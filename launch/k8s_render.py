@@ -243,6 +243,8 @@ def entrypoint_command(run_dir: str, data: str) -> List[str]:
 
 def container_env() -> Dict[str, str]:
     return {
+        # gmeta itself needs no help (importing gmeta_tf sets it); this is for any other Python in
+        # the pod that imports TensorFlow first (horovodrun's checks, a debugging shell).
         "TF_USE_LEGACY_KERAS": "1",
         "GMETA_RENDEZVOUS_PORT": str(RENDEZVOUS_PORT),
         "GMETA_HEALTH_PORT": str(HEALTH_PORT),

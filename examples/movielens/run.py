@@ -65,7 +65,12 @@ PROTOCOL = ("MovieLens latest-small (610 users, 100,836 ratings); a task is one 
             "last n ratings before them its support (n = 5, 10, 20, 50); models adapt on the support and "
             "are scored on the query; every choice (steps via early stopping, ERM fine-tuning per n) is made "
             "on the fold's valid users; the numbers pool the test users of all folds, and every model-vs-"
-            "baseline difference is paired over those users with a 95% bootstrap interval.")
+            "baseline difference is paired over those users with a {confidence} bootstrap interval.")
+# Keys this script sets itself for every fold: a --set of one of them would be silently replaced, so
+# it is refused, naming the option that does set it.
+OWNED_KEYS = {"data.path": "the prepared fold is written under --out",
+              "prepare.fold": "--folds picks which folds run",
+              "prepare.folds": f"the comparison is defined over {FOLDS} folds; --folds picks which of them run"}
 
 
 def _apply(cfg, choice: Dict, model) -> None:
@@ -117,6 +122,47 @@ def _pick_finetune(model, cfg, support: int, log) -> Dict:
     return {**FINETUNE_CANDIDATES[best], "valid_mae": value}
 
 
+def fold_overrides(overrides: Sequence[str], prepared: Path, fold: int) -> List[str]:
+    """The config overrides of one fold: the user's ``--set`` plus the keys this script owns
+    (``OWNED_KEYS``); a ``ConfigError`` naming the key when the user sets one of those."""
+    from gmeta_tf.config.schema import ConfigError
+
+    for o in overrides:
+        key = o.split("=", 1)[0].strip()
+        if key in OWNED_KEYS:
+            raise ConfigError(f"--set {o}: run.py sets {key} itself ({OWNED_KEYS[key]})")
+    return [*overrides, f"data.path={prepared.resolve()}", f"prepare.folds={FOLDS}", f"prepare.fold={fold}"]
+
+
+def bootstrap(overrides: Sequence[str] = ()):
+    """The paired intervals' settings: ``eval.bootstrap_*`` of the example's config (and ``--set``)."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.evaluation.paired import Bootstrap
+
+    return Bootstrap.from_eval(load_config(str(CONFIG), list(overrides)).eval)
+
+
+def protocol(boot) -> str:
+    """``PROTOCOL`` with the interval's confidence level."""
+    return PROTOCOL.format(confidence=f"{boot.confidence:.0%}")
+
+
+def pick_models(names: str | None):
+    """The ``MODELS`` rows named in ``--models`` (comma-separated; all when ``None``), in table
+    order; a ``ConfigError`` naming an unknown one and the known names."""
+    from gmeta_tf.config.schema import ConfigError
+
+    if names is None:
+        return list(MODELS)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = [m[0] for m in MODELS]
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        raise ConfigError(f"--models {names}: unknown model {', '.join(unknown) or '(none named)'}; "
+                          f"choose from {', '.join(known)}")
+    return [m for m in MODELS if m[0] in wanted]
+
+
 def run_fold(out: Path, raw: Path, fold: int, overrides: Sequence[str] = (), *, models=MODELS,
              supports=SUPPORTS, split: str = "test", log: Callable[[str], None] = print) -> Dict:
     """Prepare fold ``fold`` of the converted ratings ``raw``, train ``models``, score ``split``'s
@@ -133,7 +179,7 @@ def run_fold(out: Path, raw: Path, fold: int, overrides: Sequence[str] = (), *, 
 
     t0 = time.perf_counter()
     prepared = out / "data" / "prepared"
-    base = [*overrides, f"data.path={prepared.resolve()}", f"prepare.folds={FOLDS}", f"prepare.fold={fold}"]
+    base = fold_overrides(overrides, prepared, fold)
     cfg = load_config(str(CONFIG), base)
     summary = prepare([str(raw)], str(prepared), cfg.prepare, overwrite=True)
     info: Dict = {"fold": fold, **{f"{k}_users": v["tasks"] for k, v in summary["splits"].items()}, "models": {}}
@@ -179,12 +225,9 @@ def summarize(pooled: Dict[int, object], boot, names: Sequence[str]) -> Dict:
     for n, scores in pooled.items():
         row: Dict = {name: {m: scores.metric(name, m) for m in METRICS} for name in names if name in scores.scorers}
         comparisons: Dict = {}
-        for a in META_LEARNERS:
-            if a not in scores.scorers:
-                continue
-            for b in [*REFERENCES, f"{a}_no_adapt"]:
-                if b in scores.scorers:
-                    comparisons[f"{a}_vs_{b}"] = paired.compare(scores, a, b, boot, METRICS)
+        for a in (a for a in META_LEARNERS if a in scores.scorers):
+            refs = [b for b in [*REFERENCES, f"{a}_no_adapt"] if b in scores.scorers]
+            comparisons.update(paired.report(scores, [a], refs, boot, metrics=METRICS)["comparisons"])
         row["paired"] = comparisons
         out[str(n)] = row
     return out
@@ -219,9 +262,10 @@ def run(out: Path, overrides: Sequence[str] = (), *, folds: Sequence[int] = tupl
     from convert import convert
     from tqdm import tqdm
 
-    from gmeta_tf.evaluation.paired import Bootstrap
     from gmeta_tf.evaluation.per_task import concat
 
+    fold_overrides(overrides, Path(out), 0)  # refused before the conversion, not after a fold's training
+    boot = bootstrap(overrides)
     t0 = time.perf_counter()
     out = Path(out)
     raw = out / "data" / "raw"
@@ -241,14 +285,13 @@ def run(out: Path, overrides: Sequence[str] = (), *, folds: Sequence[int] = tupl
     for n, scores in pooled.items():  # every user's numbers, for paired comparisons between runs
         (out / f"{split}-support-{n}.parquet").write_bytes(scores.to_parquet())
     names = [n for n, _, _ in models] + [f"{m}_no_adapt" for m in META_LEARNERS] + BASELINES
-    boot = Bootstrap()
     by_support = summarize(pooled, boot, names)
     infos = [r["info"] for r in results]
     learners = [m for m in META_LEARNERS if m in by_support[str(max(supports))]]
     valid = {m: sum(i["models"][m]["valid_mae"] * i["valid_users"] for i in infos)
              / sum(i["valid_users"] for i in infos) for m in learners}
     learner = min(valid, key=valid.get) if valid else None  # chosen on the valid users, pooled over folds
-    report = {"protocol": PROTOCOL, "split": split, "folds": len(folds), "fold_ids": list(folds),
+    report = {"protocol": protocol(boot), "split": split, "folds": len(folds), "fold_ids": list(folds),
               "users": len(pooled[max(supports)].task_ids), "supports": list(supports),
               "bootstrap": boot.to_json(), "meta_learner": learner, "valid_mae": valid,
               "by_support": by_support, "per_fold": infos,
@@ -297,9 +340,16 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--models", default=None, metavar="fomaml,erm_finetune", help="train only these rows")
     p.add_argument("--supports", default=None, metavar="10,50", help="support sizes to score (default 5,10,20,50)")
     a = p.parse_args(argv)
+    from gmeta_tf.config.schema import ConfigError
+
     folds = [int(x) for x in a.folds.split(",")] if a.folds else list(range(FOLDS))
-    models = [m for m in MODELS if a.models is None or m[0] in a.models.split(",")]
     supports = tuple(int(x) for x in a.supports.split(",")) if a.supports else SUPPORTS
+    try:
+        models = pick_models(a.models)
+        fold_overrides(a.overrides, a.out, 0)
+        bootstrap(a.overrides)
+    except ConfigError as e:  # before converting or training anything
+        p.error(str(e))
     report = run(a.out, a.overrides, folds=folds, models=models, supports=supports, split=a.split)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

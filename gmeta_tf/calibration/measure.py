@@ -157,7 +157,6 @@ def main(job_path: str, out_path: str) -> None:
     again in reverse order with fresh ids, reusing the traced steps. The driver keeps the
     lowest cost per variant: a burst of load from other processes can only add time, and two
     passes a minute apart are unlikely to both hit one."""
-    import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 
     with open(job_path) as f:
         job = json.load(f)

@@ -1,7 +1,7 @@
 """The ``gmeta`` command: one click group; each sub-command lives in its own module."""
 import click
 
-import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before anything imports TensorFlow)
+import gmeta_tf
 from gmeta_tf.cli.data_cmd import data
 from gmeta_tf.cli.demo_cmd import demo
 from gmeta_tf.cli.export_cmd import export_cmd

@@ -79,7 +79,8 @@ def train(config_path, overrides, data, run_dir, algo, steps, resume, warm_start
                    "the latest, or a step number.")
 @click.option("--compare", "compare_runs", multiple=True, metavar="RUN",
               help="Also pair this run's users with another run's (its eval_tasks.parquet, written by its own "
-                   "gmeta eval on the same split): the per-user difference with a 95% interval. Repeatable.")
+                   "gmeta eval on the same split): the per-user difference with a bootstrap interval at "
+                   "eval.bootstrap_confidence (default 0.95). Repeatable.")
 @friendly_errors
 def eval_cmd(run_dir, split, overrides, which, compare_runs):
     """Adapt to each unseen task on its support set, score its query set.
@@ -100,12 +101,9 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
     result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
     # which data was scored, and with which checkpoint
     result["data"] = {**data_record(cfg.data.path, load_schema(cfg.data.path)), "checkpoint": ckpt.restored}
-    others = {}
-    for other_run in compare_runs:  # all read (and refused) before anything is written
-        other = load_for_comparison(other_run, tasks)
-        others[other_run] = (other, other.named("model"))
-    result["paired"] = paired.report(tasks, tasks.named("model"), tasks.named("variant") + tasks.named("baseline"),
-                                     paired.Bootstrap.from_eval(cfg.eval), others)
+    # all read (and refused) before anything is written
+    others = {other_run: load_for_comparison(other_run, tasks) for other_run in compare_runs}
+    result["paired"] = paired.eval_report(tasks, paired.Bootstrap.from_eval(cfg.eval), others)
     path = write_eval(run_dir, result, tasks)
     click.echo(format_table([result]))
     click.echo(format_paired(result["paired"]))

@@ -109,7 +109,6 @@ def pin_gpu(local_rank: int) -> Optional[str]:
 
 
 def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
-    import gmeta_tf  # noqa: F401
     from gmeta_tf.train.dense_sync import HorovodSync
 
     sync = HorovodSync.create()

@@ -147,6 +147,10 @@ class DataConfig:
         _require(self.prefetch >= 0, "data.prefetch", "must be >= 0")
 
 
+# ``model.fuse_tables``' values, checked here only (``ModelConfig``); ``fused.resolve`` decides ``auto``.
+FUSE_TABLES = ("auto", True, False)
+
+
 @dataclass
 class ModelConfig:
     """DLRM: per-feature TFRA tables, bottom MLP on dense features, interaction, top MLP."""
@@ -199,7 +203,8 @@ class ModelConfig:
     # their top bits, so a step's hash-table ops are per fused table, not per feature. Config,
     # the planner, checkpoint files, warm start and export still see one table per feature.
     # ``auto``: fused (fewer hash-table ops and less PS CPU a step, one process a little faster:
-    # docs/profile.md); true / false force it. Tables with max_rows, init_rows: all or a column split are never fused.
+    # docs/profile.md; decided in embedding/fused.py, ``resolve``); true / false force it. Tables
+    # with max_rows, init_rows: all or a column split are never fused.
     fuse_tables: Union[bool, Literal["auto"]] = "auto"
 
     def __post_init__(self) -> None:
@@ -216,7 +221,7 @@ class ModelConfig:
                  f"must be one of missing, all, got {self.init_rows!r}")
         _require(self.ps_requests in ("auto", "per_table", "per_ps"), "model.ps_requests",
                  f"must be one of auto, per_table, per_ps, got {self.ps_requests!r}")
-        _require(self.fuse_tables in ("auto", True, False), "model.fuse_tables",
+        _require(self.fuse_tables in FUSE_TABLES, "model.fuse_tables",
                  f"must be one of auto, true, false, got {self.fuse_tables!r}")
 
 

@@ -37,7 +37,6 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ConfigError
 from gmeta_tf.embedding import fused, table_files
 from gmeta_tf.embedding.column_split import ColumnSplitTable, sync_block_iterations, table_iterations
@@ -122,7 +121,7 @@ class Embeddings:
         return list({id(s): s for t in self.tables for s in t.storage()}.values())
 
     def fused(self) -> List[fused.FusedTable]:
-        return [t for t in self.storage() if isinstance(t, fused.FusedTable)]
+        return fused.fused_tables(self.storage())
 
     def shadows(self) -> List[tf.Variable]:
         return [t.shadow for t in self.storage()]
@@ -167,7 +166,7 @@ class Embeddings:
         if self.hot is not None:
             # A hot table whose cold rows are read with other tables' (its base is a fused
             # member, or a PS request takes it) is not read ahead: ``lookup.together``.
-            self.hot.attach(emb_opt, lambda t: isinstance(t.base, fused.FusedMember) or
+            self.hot.attach(emb_opt, lambda t: fused.looked_up_together(t.base) or
                             (self.requests is not None and self.requests.takes(t.base)))
 
     def wait_until_created(self) -> None:
@@ -278,9 +277,7 @@ class Embeddings:
     def step_counters(self) -> Dict[str, object]:
         """The optimizers' step counters, one per model table: what the dense checkpoint tracks.
         The members of a fused table share one, saved under each name (``fused.CounterView``)."""
-        counters = table_iterations(self.tables, self._opt())
-        shared = {t.name for t in self.tables if isinstance(t.storage()[0], fused.FusedTable)}
-        return {name: fused.CounterView(v) if name in shared else v for name, v in counters.items()}
+        return fused.step_counters(self.tables, table_iterations(self.tables, self._opt()))
 
     def rows(self) -> Iterator[Tuple[str, np.ndarray, np.ndarray]]:
         """``(file key, keys, values)`` of every table, slot table and update count, by model
@@ -309,8 +306,7 @@ class Embeddings:
 
     def _files(self) -> Dict[str, object]:
         """``{file key: TFRA variable}`` of the tables saved as they are (not fused)."""
-        return table_files.files_of([t for t in self.storage() if not isinstance(t, fused.FusedTable)],
-                                    self._opt())
+        return table_files.files_of(fused.saved_as_is(self.storage()), self._opt())
 
     def _opt(self) -> TableOptimizers:
         if self.optimizers is None:

@@ -18,8 +18,9 @@ feature id whose top bits name the slot. This module does both with TFRA's own t
   the per-table layout gives it), its step counter in checkpoints, and its files. The model,
   the planner, the checkpoint, warm start and export see members; only ``storage()`` (what
   TFRA holds) sees the fused table.
-* A step looks every member up at once (``lookup_members``: one find per fused table and
-  shard, one shadow, hazard 3's one-lookup rule kept per physical table) and applies once
+* A step looks every member up at once (``EmbeddingTable.lookup_parts``, with this table's
+  ``encode_parts`` / ``row_keys`` / ``record``: one find per fused table and shard, one shadow,
+  hazard 3's one-lookup rule kept per physical table) and applies once
   (one wrapped optimizer per fused table, or one PS request: ``ps_requests.py``).
 
 What fuses (``group_key``): plain tables (not column-split, not ``model.max_rows``-counted)
@@ -46,7 +47,6 @@ import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 from tensorflow.python.trackable import base as trackable
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.fused_keys import KeyCodec
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name
@@ -55,7 +55,6 @@ from gmeta_tf.embedding.table_files import export_variable, import_variable
 
 de = tfra.dynamic_embedding
 
-MODES = ("auto", True, False)
 # The measured answer for ``auto`` (docs/profile.md): fused where a group has more than one
 # table, one process and PS alike. On a PS it runs 6x fewer hash-table ops a step (84 -> 14 at 7
 # tables, 14 at 14) and 15-25% less PS CPU (``bench/ps_cpu.py``); in one process 1.01-1.08x the
@@ -65,10 +64,33 @@ AUTO = True
 
 
 def resolve(mode) -> bool:
-    """``model.fuse_tables``: ``auto`` is ``AUTO``; ``true`` / ``false`` force it."""
-    if mode not in MODES:
-        raise ValueError(f"fuse_tables must be one of auto, true, false, got {mode!r}")
+    """``model.fuse_tables`` (its values are checked by the config: ``schema.FUSE_TABLES``):
+    ``auto`` is ``AUTO``, the one place it is decided; ``true`` / ``false`` force it."""
     return AUTO if mode == "auto" else bool(mode)
+
+
+# -- whether a table is fused: asked here only -----------------------------------------------
+def looked_up_together(table) -> bool:
+    """Whether ``table``'s lookups must join other tables' (a member of a fused table: one find
+    and one shadow per fused table, ``lookup.together``)."""
+    return isinstance(table, FusedMember)
+
+
+def fused_tables(storage: Sequence) -> List[FusedTable]:
+    """The fused tables among TFRA tables ``storage`` (saved and restored as their members' rows)."""
+    return [t for t in storage if isinstance(t, FusedTable)]
+
+
+def saved_as_is(storage: Sequence) -> List:
+    """The TFRA tables among ``storage`` whose rows are saved as they are (not fused)."""
+    return [t for t in storage if not isinstance(t, FusedTable)]
+
+
+def step_counters(tables: Sequence, counters: Mapping[str, object]) -> Dict[str, object]:
+    """``counters`` (model table name → its optimizer's step counter), each member of a fused
+    table's shared one wrapped in a ``CounterView`` (saved under the member's name)."""
+    shared = {t.name for t in tables if isinstance(t.storage()[0], FusedTable)}  # a hot table's base too
+    return {name: CounterView(v) if name in shared else v for name, v in counters.items()}
 
 
 def groups(keys: Sequence[Optional[Tuple]]) -> List[List[int]]:
@@ -115,29 +137,14 @@ class FusedTable(EmbeddingTable):
     def variables(self, optimizer) -> List["de.Variable"]:
         return [*super().variables(optimizer), self.ids]
 
-    # -- the step ------------------------------------------------------------------------------
-    def lookup_members(self, parts: Sequence[Tuple["FusedMember", tf.Tensor]], trainable: bool) -> List[tf.Tensor]:
-        """Rows of each (member, unique real ids) part: one find for all (per shard), and for a
-        trainable lookup one shadow holding all of them (what the tape differentiates and the
-        optimizer applies). Missing ids get their member's initial rows, as in ``EmbeddingTable``."""
-        keys = self.codec.encode_parts([m.slot for m, _ in parts], [ids for _, ids in parts])
-        sizes = [tf.shape(ids)[0] for _, ids in parts]
-        train = de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN
-        if trainable and train:
-            ids = tf.concat([ids for _, ids in parts], axis=0) if len(parts) > 1 else parts[0][1]
-            with tf.name_scope("shadow_embedding_lookup"):  # TFRA's own scope: the profile's buckets
-                found, exists = self.variable.lookup(keys, return_exists=True)
-            self.record(keys, ids, exists)
-            rows = initial_rows.fill_missing(found, exists, ids, initial_rows.row_keys([m.row_key for m, _ in parts], sizes),
-                                             self.dim, self.init_stddev)
-            rows = self.remember(keys, rows, exists if self.variable.bp_v2 else None)
-        elif trainable:
-            rows = de.shadow_ops.embedding_lookup(self.shadow, keys)
-        else:
-            rows, exists = self.variable.lookup(keys, return_exists=True)
-            rows = rows * tf.cast(exists, rows.dtype)[:, None]
-        rows = tf.reshape(rows, [-1, self.dim])
-        return tf.split(rows, sizes, num=len(parts)) if len(parts) > 1 else [rows]
+    # -- the step: what differs from a plain table's lookup (``EmbeddingTable.lookup_parts``) --
+    def encode_parts(self, owners: Sequence["FusedMember"], ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        """Each member's ids as keys of this table (its slot in the top bits), encoded in one pass."""
+        return self.codec.encode_parts([m.slot for m in owners], ids)
+
+    def row_keys(self, owners: Sequence["FusedMember"], sizes) -> tf.Tensor:
+        """Each row's own member's initial-rows key: a new id gets the row a plain table would give it."""
+        return initial_rows.row_keys([m.row_key for m in owners], sizes)
 
     def record(self, keys: tf.Tensor, ids: tf.Tensor, exists: Optional[tf.Tensor] = None, shard: Optional[int] = None):
         """Record the logical id of each new key (``exists`` false; every key when None) whose id
@@ -198,6 +205,8 @@ class FusedMember:
     ``lookup_unique``, ``size``, ``storage``) plus what the hot tier reads of a base table
     (``variable``, ``slot_tables``, ``shadow``, ``fill_missing``), keyed by logical ids."""
 
+    ps_requestable = True  # a PS request reads and writes its rows in the fused table (``storage``)
+
     def __init__(self, fused: FusedTable, slot: int, name: str, seed: int):
         self.fused = fused
         self.slot = slot
@@ -223,7 +232,7 @@ class FusedMember:
     def lookup_unique(self, ids: Sequence[tf.Tensor], trainable: bool = True) -> UniqueLookup:
         """This member alone (a step looks all members up together: ``lookup.lookup_batch``)."""
         u = UniqueIds.of(ids)
-        return u.lookup(self.fused.lookup_members([(self, u.real)], trainable)[0], self.dim)
+        return u.lookup(self.fused.lookup_parts([(self, u.real)], trainable)[0], self.dim)
 
     def fill_missing(self, ids: tf.Tensor, rows: tf.Tensor, exists: tf.Tensor) -> tf.Tensor:
         return initial_rows.fill_missing(rows, exists, ids, self.row_key, self.dim, self.init_stddev)

@@ -51,7 +51,6 @@ from typing import Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding.initial_rows import splitmix64
 
 KEY_BITS = 63  # bit 63 stays clear: keys are non-negative

@@ -37,7 +37,6 @@ from typing import List
 import numpy as np
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding.table import EmbeddingTable, UniqueLookup
 
 MISS_TEXT = ("an id outside the hot set, which the id profile said holds every train id; "

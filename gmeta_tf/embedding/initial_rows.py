@@ -20,8 +20,6 @@ from typing import Sequence, Union
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
-
 MODES = ("missing", "all")
 
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -17,8 +17,7 @@ from typing import Dict, List, Optional, Sequence
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
-import gmeta_tf  # noqa: F401
-from gmeta_tf.embedding.fused import FusedMember
+from gmeta_tf.embedding.fused import looked_up_together
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.ps_requests import PsRequests
 from gmeta_tf.embedding.table import Table, UniqueIds, UniqueLookup
@@ -104,14 +103,14 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
 def together(tables: Sequence[Table], ids: Sequence[Sequence[tf.Tensor]], trainable: bool,
              requests: Optional[PsRequests] = None) -> Dict[int, UniqueLookup]:
     """The lookups made together, by table index: every member of a fused table (one find and
-    one shadow per fused table, ``FusedTable.lookup_members``) and, with ``requests``, every
+    one shadow per fused table, ``EmbeddingTable.lookup_parts``) and, with ``requests``, every
     table it takes (one request per PS). A hot/cold table joins with its cold ids (hot rows stay
     local), unless it has no PS work or its cold rows were read ahead."""
     parts = []  # (table index, table, rows owner, unique ids or hot split, the ids to read)
     for i, t in enumerate(tables):
         hot = isinstance(t, HotColdTable)
         owner = t.base if hot else t
-        if not (isinstance(owner, FusedMember) or (requests is not None and requests.takes(owner))):
+        if not (looked_up_together(owner) or (requests is not None and requests.takes(owner))):
             continue
         if hot and not t.cold_together(trainable):
             continue
@@ -128,13 +127,13 @@ def _rows(parts, trainable: bool, requests: Optional[PsRequests]) -> List[tf.Ten
     if sent:
         for k, r in zip(sent, requests.find([parts[k][2] for k in sent], [parts[k][4] for k in sent])):
             out[k] = r
-    by_fused: Dict[int, List[int]] = {}
+    by_storage: Dict[int, List[int]] = {}  # the parts held in one TFRA table, looked up at once
     for k, p in enumerate(parts):
         if out[k] is None:
-            by_fused.setdefault(id(p[2].fused), []).append(k)
-    for ks in by_fused.values():
-        fused = parts[ks[0]][2].fused
-        for k, r in zip(ks, fused.lookup_members([(parts[k][2], parts[k][4]) for k in ks], trainable)):
+            by_storage.setdefault(id(p[2].storage()[0]), []).append(k)
+    for ks in by_storage.values():
+        storage = parts[ks[0]][2].storage()[0]
+        for k, r in zip(ks, storage.lookup_parts([(parts[k][2], parts[k][4]) for k in ks], trainable)):
             out[k] = r
     return out
 

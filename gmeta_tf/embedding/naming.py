@@ -24,8 +24,6 @@ import os
 import tensorflow_recommenders_addons as tfra
 from tensorflow.python.eager import context
 
-import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
-
 de = tfra.dynamic_embedding
 
 _local_namespace_counter = itertools.count()

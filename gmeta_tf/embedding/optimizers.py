@@ -35,8 +35,6 @@ from typing import Dict, Iterable, List, Tuple
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
-import gmeta_tf  # noqa: F401
-
 BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7
 FLOAT_BYTES = 4
 

@@ -47,9 +47,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 import tensorflow_recommenders_addons as tfra
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding import initial_rows
-from gmeta_tf.embedding.fused import FusedMember, FusedTable
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.optimizers import TableOptimizers, optimizer_kind, row_update
 from gmeta_tf.embedding.table import EmbeddingTable
@@ -118,15 +116,19 @@ class UnmatchedApplyError(RuntimeError):
 
 
 def physical(owner) -> EmbeddingTable:
-    """The TFRA table holding a table's rows: a fused member's fused table, else itself."""
-    return owner.fused if isinstance(owner, FusedMember) else owner
+    """The TFRA table holding a served table's rows (its ``storage``: a fused member's fused
+    table, else itself)."""
+    return owner.storage()[0]
 
 
 def serves(table) -> bool:
     """Whether a table's lookup and apply can go through a PS request with the per-table path's
-    exact semantics (module docstring): a plain or fused table (or a member of one)."""
+    exact semantics (module docstring): a plain table or a member of a fused one
+    (``ps_requestable``), not counted, initial rows for missing ids only."""
+    if not getattr(table, "ps_requestable", False):
+        return False
     t = physical(table)
-    return (type(t) in (EmbeddingTable, FusedTable) and t.init_rows == "missing" and t.frequency is None)
+    return t.init_rows == "missing" and t.frequency is None
 
 
 def owners(tables: Sequence) -> List:
@@ -236,14 +238,10 @@ class PsRequests:
                 owners_ = [req.members[m].owner for m in g.members]
                 gids = [ids[m] for m in g.members]
                 logical = tf.concat(gids, 0) if len(gids) > 1 else gids[0]
-                if isinstance(g.phys, FusedTable):
-                    g.keys = g.phys.codec.encode_parts([o.slot for o in owners_], gids)
-                    key = initial_rows.row_keys([o.row_key for o in owners_], [tf.shape(i)[0] for i in gids])
-                else:
-                    g.keys, key = logical, g.phys.row_key
+                g.keys = g.phys.encode_parts(owners_, gids)
+                key = g.phys.row_keys(owners_, [tf.shape(i)[0] for i in gids])
                 rows, g.exists = _find(g.phys.variable, g.shard, g.keys, 0.0)
-                if isinstance(g.phys, FusedTable):
-                    g.phys.record(g.keys, logical, g.exists, shard=g.shard)
+                g.phys.record(g.keys, logical, g.exists, shard=g.shard)
                 found.append(initial_rows.fill_missing(rows, g.exists, logical, key, g.phys.dim,
                                                        g.phys.init_stddev))
             req.rows = tf.concat(found, axis=0)
@@ -305,12 +303,12 @@ class PsRequests:
 
 
 def _keys(tables: Sequence, ids: Sequence[tf.Tensor], phys: Sequence, order: Sequence[int]) -> Dict[int, tf.Tensor]:
-    """Each lookup part's physical keys: its ids, or a fused member's encoded keys (the parts of
-    one fused table encoded in one pass, then split)."""
-    out = {k: ids[k] for k in order if not isinstance(tables[k], FusedMember)}
-    for p in {id(q): q for q in phys if isinstance(q, FusedTable)}.values():
+    """Each lookup part's physical keys (``encode_parts``: a plain table's ids, a fused member's
+    encoded keys; the parts of one physical table encoded in one pass, then split)."""
+    out = {}
+    for p in {id(q): q for q in phys}.values():
         ks = [k for k in order if phys[k] is p]
-        keys = p.codec.encode_parts([tables[k].slot for k in ks], [ids[k] for k in ks])
+        keys = p.encode_parts([tables[k] for k in ks], [ids[k] for k in ks])
         parts = tf.split(keys, [tf.shape(ids[k])[0] for k in ks], num=len(ks)) if len(ks) > 1 else [keys]
         out.update(zip(ks, parts))
     return out

@@ -12,7 +12,7 @@ same small surface, ``Table``: ``name``, ``dim``, ``lookup_unique``, ``size`` an
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Protocol, Sequence
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -21,7 +21,6 @@ from tensorflow_recommenders_addons.dynamic_embedding.python.ops.dynamic_embeddi
     default_partition_fn,
 )
 
-import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name
 from gmeta_tf.embedding.table_files import export_variable, slot_name
@@ -111,35 +110,66 @@ class EmbeddingTable:
         )
         self.shadow = de.shadow_ops.ShadowVariable(self.variable, name=f"{variable_name(namespace, name)}-shadow")
 
+    # A PS request (``ps_requests.py``) can read and write this table's rows itself: one TFRA
+    # table, keyed by ``encode_parts``. A column-split or hot/cold table has no such attribute.
+    ps_requestable = True
+
     # -- lookups ------------------------------------------------------------------------------
     def lookup_unique(self, ids: Sequence[tf.Tensor], trainable: bool = True) -> UniqueLookup:
         """One lookup for all of ``ids`` (any shapes, int64, pad id < 0).
 
-        Trainable lookups go through the shadow variable (missing ids get their random initial
-        value and are inserted when the optimizer applies). Non-trainable lookups (evaluation)
-        read the table directly and give missing ids a zero vector, so scoring is
-        deterministic and never inserts rows.
+        Trainable lookups go through the shadow variable (missing ids get their initial row and
+        are inserted when the optimizer applies). Non-trainable lookups (evaluation) read the
+        table directly and give missing ids a zero vector, so scoring is deterministic and never
+        inserts rows.
         """
         ids = UniqueIds.of(ids)
-        real = ids.real
-        if trainable and self.init_rows == "missing" and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN:
-            rows = self._find_then_init(real)
-        elif trainable:
-            rows = de.shadow_ops.embedding_lookup(self.shadow, real)
-        else:
-            rows, exists = self.variable.lookup(real, return_exists=True)
-            rows = rows * tf.cast(exists, rows.dtype)[:, None]
-        return ids.lookup(rows, self.dim)
+        return ids.lookup(self.lookup_parts([(self, ids.real)], trainable)[0], self.dim)
 
-    def _find_then_init(self, ids: tf.Tensor) -> tf.Tensor:
-        """TFRA's shadow lookup (``shadow_ops.embedding_lookup``) with the initial rows drawn for
-        the missing ids only: find them on the PS (one lookup per shard, as before), fill the
-        missing rows in, and ``remember`` them."""
-        # The find does not wait for the ids' write: a control edge into the PS partitions would
-        # be one more tensor transfer per table and shard (bench/ps_rpcs.py).
-        with tf.name_scope("shadow_embedding_lookup"):  # TFRA's own scope: the profile's buckets
-            found, exists = self.variable.lookup(ids, return_exists=True)
-        return self.remember(ids, self.fill_missing(ids, found, exists), exists if self.variable.bp_v2 else None)
+    def lookup_parts(self, parts: Sequence[Tuple[object, tf.Tensor]], trainable: bool) -> List[tf.Tensor]:
+        """Rows of each (table, unique real ids) part held in this TFRA table (itself; or the
+        members of a fused table), with one find for all (per shard) and, for a trainable lookup,
+        one shadow holding all of them (what the tape differentiates and the optimizer applies):
+        the one lookup of every table, plain or fused.
+
+        In training with ``init_rows: missing``, TFRA's shadow lookup (``shadow_ops.embedding_lookup``)
+        is done by hand so that initial rows are drawn for the missing ids only: find them on the
+        PS (one lookup per shard), record what decoding needs (``record``), fill the missing rows
+        in, and ``remember`` them."""
+        owners, ids = [o for o, _ in parts], [i for _, i in parts]
+        keys = self.encode_parts(owners, ids)
+        sizes = [tf.shape(i)[0] for i in ids]
+        if trainable and self.init_rows == "missing" and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN:
+            logical = tf.concat(ids, axis=0) if len(ids) > 1 else ids[0]
+            # The find does not wait for the ids' write: a control edge into the PS partitions would
+            # be one more tensor transfer per table and shard (bench/ps_rpcs.py).
+            with tf.name_scope("shadow_embedding_lookup"):  # TFRA's own scope: the profile's buckets
+                found, exists = self.variable.lookup(keys, return_exists=True)
+            self.record(keys, logical, exists)
+            rows = initial_rows.fill_missing(found, exists, logical, self.row_keys(owners, sizes), self.dim,
+                                             self.init_stddev)
+            rows = self.remember(keys, rows, exists if self.variable.bp_v2 else None)
+        elif trainable:
+            rows = de.shadow_ops.embedding_lookup(self.shadow, keys)
+        else:
+            rows, exists = self.variable.lookup(keys, return_exists=True)
+            rows = rows * tf.cast(exists, rows.dtype)[:, None]
+        rows = tf.reshape(rows, [-1, self.dim])
+        return tf.split(rows, sizes, num=len(parts)) if len(parts) > 1 else [rows]
+
+    # -- keys: what a fused table (``fused.FusedTable``) does differently --------------------
+    def encode_parts(self, owners: Sequence[object], ids: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The keys of ``ids`` (one part per owner, all held here) in this TFRA table: the ids."""
+        return tf.concat(ids, axis=0) if len(ids) > 1 else ids[0]
+
+    def row_keys(self, owners: Sequence[object], sizes) -> Union[int, tf.Tensor]:
+        """The initial-rows key (``initial_rows.table_key``) of the rows of ``owners``' parts."""
+        return self.row_key
+
+    def record(self, keys: tf.Tensor, ids: tf.Tensor, exists: Optional[tf.Tensor] = None,
+               shard: Optional[int] = None):
+        """What decoding ``keys`` back to ids needs, written on a find; nothing here (keys are ids)."""
+        return None
 
     def remember(self, ids: tf.Tensor, rows: tf.Tensor, exists: Optional[tf.Tensor] = None) -> tf.Tensor:
         """What TFRA's trainable lookup leaves behind for its optimizer: the shadow holds ``ids``

@@ -22,7 +22,6 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
 from gmeta_tf.embedding.lookup import lookup_batch
 from gmeta_tf.evaluation import baselines, metrics, per_task, ranking

@@ -86,17 +86,29 @@ def compare(scores: TaskScores, a: str, b: str, boot: Bootstrap,
 
 
 def report(scores: TaskScores, models: Sequence[str], baselines: Sequence[str], boot: Bootstrap,
-           others: Optional[Dict[str, Tuple[TaskScores, Sequence[str]]]] = None) -> Dict[str, object]:
+           others: Optional[Dict[str, Tuple[TaskScores, Sequence[str]]]] = None, *,
+           metrics: Optional[Iterable[str]] = None) -> Dict[str, object]:
     """The ``paired`` section of ``eval.json``: every scorer of ``models`` against every one of
     ``baselines`` (keys ``<model>_vs_<baseline>``) and against every scorer of another run
     (``others``: name → (its scores, aligned to ``scores``; its scorers); keys
-    ``<model>_vs_<scorer>@<name>``), each metric with ``diff``, ``ci_low``, ``ci_high``, ``verdict``."""
+    ``<model>_vs_<scorer>@<name>``), each metric (``metrics``; default: all both have) with
+    ``diff``, ``ci_low``, ``ci_high``, ``verdict``. The one place comparisons are keyed and
+    assembled: ``gmeta eval`` (``eval_report``) and the MovieLens example both call it."""
     comparisons: Dict[str, Dict] = {}
     for a in models:
         for b in baselines:
-            comparisons[f"{a}_vs_{b}"] = compare(scores, a, b, boot)
+            comparisons[f"{a}_vs_{b}"] = compare(scores, a, b, boot, metrics)
         for name, (other, theirs) in (others or {}).items():
             for b in theirs:
-                comparisons[f"{a}_vs_{b}@{name}"] = compare(scores, a, b, boot, other=other)
+                comparisons[f"{a}_vs_{b}@{name}"] = compare(scores, a, b, boot, metrics, other=other)
     return {**boot.to_json(), "users": len(scores.task_ids), "difference": "model - other (per metric)",
             "comparisons": comparisons}
+
+
+def eval_report(scores: TaskScores, boot: Bootstrap,
+                others: Optional[Dict[str, TaskScores]] = None) -> Dict[str, object]:
+    """``gmeta eval``'s ``report``: each ``model`` scorer against the run's ``variant`` (itself
+    before adapting) and every ``baseline``, and against the ``model`` scorers of each of
+    ``others`` (name → its scores, aligned to ``scores``)."""
+    theirs = {name: (other, other.named("model")) for name, other in (others or {}).items()}
+    return report(scores, scores.named("model"), scores.named("variant") + scores.named("baseline"), boot, theirs)

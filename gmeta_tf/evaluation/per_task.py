@@ -1,9 +1,10 @@
 """Every metric of ``gmeta eval`` per user, as parts whose pooled ratio is the reported number.
 
 Why: a paired comparison of two scorers resamples *users* (the unit the cold-start question is
-about, and the unit whose errors are correlated), so each user needs its own numbers. Writing
-every metric as ``f(Σ num / Σ den)`` over users makes the resampled statistic exactly the
-pooled one ``metrics.py`` / ``ranking.py`` report, not a mean of per-user ratios:
+about, and the unit whose errors are correlated), so each user needs its own numbers. Every
+metric is defined once as ``f(Σ num / Σ den)`` over users (``metrics.error_parts``,
+``ranking.ranking_parts``, ``metrics.pooled``), so the resampled statistic is exactly the
+pooled number the table reports, not a mean of per-user ratios:
 
 =============  ===============================  ==========================  ============
 metric         num (per user)                   den (per user)              f
@@ -31,12 +32,10 @@ from typing import Dict, List, Tuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from sklearn.metrics import roc_auc_score
 
 from gmeta_tf.errors import DataError
-from gmeta_tf.evaluation import ranking
-
-Parts = Tuple[np.ndarray, np.ndarray]  # (num, den) per user
+from gmeta_tf.evaluation.metrics import Parts, error_parts, pooled
+from gmeta_tf.evaluation.ranking import ranking_parts
 
 RATING_METRICS = ("mae", "rmse", "p_at_5", "ndcg_at_5")
 CLICK_METRICS = ("auc", "logloss", "p_at_5", "ndcg_at_5")
@@ -48,38 +47,10 @@ def metric_names(kind: str) -> Tuple[str, ...]:
     return CLICK_METRICS if kind == "click" else RATING_METRICS
 
 
-def pooled(metric: str, num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
-    """``f(Σ num / Σ den)`` along ``axis`` (vectorized: the bootstrap calls it on resamples)."""
-    total = np.sum(den, axis=axis)
-    value = np.sum(num, axis=axis) / np.where(total > 0, total, np.nan)
-    return np.sqrt(value) if metric == "rmse" else value
-
-
 def task_parts(kind: str, labels: List[np.ndarray], preds: List[np.ndarray], threshold: float) -> Dict[str, Parts]:
     """Per user (the order of ``labels``): each metric of ``metric_names(kind)`` as (num, den)."""
-    n = len(labels)
-    out = {m: (np.zeros(n), np.zeros(n)) for m in metric_names(kind)}
-    for i, (y, p) in enumerate(zip(labels, preds)):
-        y, p = np.asarray(y, np.float64), np.asarray(p, np.float64)
-        if y.size == 0:
-            continue
-        if kind == "click":
-            q = np.clip(p, 1e-7, 1 - 1e-7)  # as metrics.click_metrics clips for sklearn's log_loss
-            out["logloss"][0][i] = -np.sum(y * np.log(q) + (1 - y) * np.log1p(-q))
-            out["logloss"][1][i] = y.size
-            if 0 < y.sum() < y.size:
-                out["auc"][0][i], out["auc"][1][i] = roc_auc_score(y, p), 1.0
-        else:
-            err = p - y
-            out["mae"][0][i], out["mae"][1][i] = np.sum(np.abs(err)), y.size
-            out["rmse"][0][i], out["rmse"][1][i] = np.sum(err ** 2), y.size
-        rel = ranking.relevant(kind, y, threshold)
-        hits, dcg = ranking.expected_hits_dcg(p, rel)
-        out["p_at_5"][0][i], out["p_at_5"][1][i] = hits / min(ranking.K, y.size), 1.0
-        n_rel = int(rel.sum())
-        if n_rel:
-            out["ndcg_at_5"][0][i], out["ndcg_at_5"][1][i] = dcg / ranking.ideal_dcg(n_rel), 1.0
-    return out
+    parts = {**error_parts(kind, labels, preds), **ranking_parts(kind, labels, preds, threshold)}
+    return {m: parts[m] for m in metric_names(kind)}
 
 
 @dataclass

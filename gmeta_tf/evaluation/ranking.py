@@ -23,6 +23,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from gmeta_tf.evaluation.metrics import Parts, pooled
+
 K = 5
 
 
@@ -67,23 +69,30 @@ def ideal_dcg(n_relevant: int, k: int = K) -> float:
     return float(_discounts(max(n_relevant, 0), k)[min(n_relevant, k)]) if n_relevant > 0 else 0.0
 
 
-def ranking_metrics(kind: str, labels: List[np.ndarray], scores: List[np.ndarray],
-                    threshold: float, k: int = K) -> Dict[str, float]:
-    """``p_at_5`` and ``ndcg_at_5`` (suffix follows ``k``) over users, as defined above."""
-    precisions, ndcgs = [], []
-    for y, s in zip(labels, scores):
+def ranking_parts(kind: str, labels: List[np.ndarray], scores: List[np.ndarray],
+                  threshold: float, k: int = K) -> Dict[str, Parts]:
+    """Per user (the order of ``labels``): ``p_at_5`` and ``ndcg_at_5`` (suffix follows ``k``) as
+    (num, den), pooled by ``metrics.pooled``: P@5 has den 1 for every user with a query, nDCG@5
+    only for a user with a relevant item (the others are excluded, as defined above)."""
+    n = len(labels)
+    p_name, n_name = f"p_at_{k}", f"ndcg_at_{k}"
+    out = {p_name: (np.zeros(n), np.zeros(n)), n_name: (np.zeros(n), np.zeros(n))}
+    for i, (y, s) in enumerate(zip(labels, scores)):
         if len(y) == 0:
             continue
         rel = relevant(kind, y, threshold)
         hits, dcg = expected_hits_dcg(s, rel, k)
-        precisions.append(hits / min(k, len(y)))
+        out[p_name][0][i], out[p_name][1][i] = hits / min(k, len(y)), 1.0
         n_rel = int(rel.sum())
         if n_rel:
-            ndcgs.append(dcg / ideal_dcg(n_rel, k))
-    return {
-        f"p_at_{k}": float(np.mean(precisions)) if precisions else float("nan"),
-        f"ndcg_at_{k}": float(np.mean(ndcgs)) if ndcgs else float("nan"),
-    }
+            out[n_name][0][i], out[n_name][1][i] = dcg / ideal_dcg(n_rel, k), 1.0
+    return out
+
+
+def ranking_metrics(kind: str, labels: List[np.ndarray], scores: List[np.ndarray],
+                    threshold: float, k: int = K) -> Dict[str, float]:
+    """``p_at_5`` and ``ndcg_at_5`` (suffix follows ``k``) over users, as defined above."""
+    return {m: float(pooled(m, *p)) for m, p in ranking_parts(kind, labels, scores, threshold, k).items()}
 
 
 def relevance_summary(kind: str, labels: List[np.ndarray], threshold: float, k: int = K) -> Dict:

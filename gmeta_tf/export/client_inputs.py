@@ -9,28 +9,31 @@ test users into requests with this one function, so they cannot drift from the c
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Union
 
 import numpy as np
 
+from gmeta_tf.export_format import InputDecl
 from gmeta_tf.metaio.decode import layout_from_schema
 
 _BY_ROLE = {"categorical": "cat", "multi_hot": "multi"}
 
 
-def task_inputs(batch: dict, t: int, inputs: List[dict], schema: dict) -> Dict[str, np.ndarray]:
-    """Task ``t`` of ``batch`` as the inputs ``inputs`` (a signature's list in ``export.json``)
-    name them: padding removed, dense columns un-standardised and cut to the ones clients send."""
+def task_inputs(batch: dict, t: int, inputs: List[Union[InputDecl, dict]], schema: dict) -> Dict[str, np.ndarray]:
+    """Task ``t`` of ``batch`` as the inputs ``inputs`` (a signature's list in ``export.json``, as
+    records or as its JSON) name them: padding removed, dense columns un-standardised and cut to
+    the ones clients send."""
     layout = layout_from_schema(schema, 1, 1, 1)
     dense_names = [d["name"] for d in schema.get("dense") or []]
     out = {}
     for x in inputs:
-        part = batch["support" if x["name"].startswith("support_") else "query"]
+        x = x if isinstance(x, InputDecl) else InputDecl.from_json(x)
+        part = batch["support" if x.name.startswith("support_") else "query"]
         keep = part["mask"].numpy()[t] > 0
-        value = part[_BY_ROLE[x["role"]]][x["feature"]] if x["role"] in _BY_ROLE else part[x["role"]]
+        value = part[_BY_ROLE[x.role]][x.feature] if x.role in _BY_ROLE else part[x.role]
         value = value.numpy()[t][keep]
-        if x["role"] == "dense":
+        if x.role == "dense":
             value = value / layout.dense_inv_std + layout.dense_mean
-            value = value[:, [dense_names.index(f) for f in x["features"]]]
-        out[x["name"]] = value
+            value = value[:, [dense_names.index(f) for f in x.features]]
+        out[x.name] = value
     return out

@@ -20,7 +20,7 @@ from typing import Callable
 
 import tensorflow as tf
 
-from gmeta_tf import storage
+from gmeta_tf import export_format, storage
 from gmeta_tf.config.loader import config_text, load_config
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.atomic import atomic_dir
@@ -33,14 +33,11 @@ from gmeta_tf.train.checkpoint import META
 from gmeta_tf.train.model_build import CONFIG_FILE
 from gmeta_tf.train.run_files import check_data
 
-EXTRA = "assets.extra"
-MANIFEST = "export.json"
-
 
 def export_run(run_dir: str, out: str, which: str = "best", overwrite: bool = False,
                log: Callable[[str], None] = print) -> dict:
     """Export checkpoint ``which`` (best | latest | a step) of ``run_dir`` to ``out``; returns
-    the manifest written to ``out/assets.extra/export.json``."""
+    the JSON written to ``out/assets.extra/export.json`` (``export_format``)."""
     run_dir, out_p = str(run_dir), Path(out)
     if out_p.is_dir() and not any(out_p.iterdir()):
         overwrite = True  # an empty directory holds nothing to lose
@@ -60,9 +57,8 @@ def export_run(run_dir: str, out: str, which: str = "best", overwrite: bool = Fa
     manifest = export_manifest(model, cfg, schema, signature_inputs(model), run_dir, ckpt, int(meta["step"]))
     with atomic_dir(out_p, overwrite) as tmp:
         tf.saved_model.save(model, str(tmp), signatures=signatures)
-        extra = tmp / EXTRA
-        extra.mkdir()
-        (extra / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        written = export_format.write(tmp, manifest)
+        extra = tmp / export_format.EXTRA_DIR
         (extra / fmt.SCHEMA_FILE).write_text(json.dumps(schema, indent=1))
         (extra / CONFIG_FILE).write_text(config_text(cfg))
-    return manifest
+    return written

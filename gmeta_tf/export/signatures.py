@@ -20,7 +20,7 @@ every dense feature standardised with the train split's statistics.
 
 Which inputs share a first dimension is declared, not guessed: each ``Input`` names its batch
 group (``samples`` for ``predict``; ``support`` and ``query`` for ``adapt_and_predict``), which
-``export.json`` records and ``gmeta serve`` reads to parse rows and to merge requests. A
+``export.json`` records (``export_format.InputDecl``) and ``gmeta serve`` reads to parse rows and to merge requests. A
 TensorSpec only says the first dimension is free, and input names are the data's feature names
 (``user_city`` and ``item_id`` are one sample's features, not two groups).
 
@@ -42,6 +42,7 @@ from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 from gmeta_tf.evaluation.evaluate import adaptation, query_predictions
 from gmeta_tf.export.frozen_model import FrozenModel
+from gmeta_tf.export_format import InputDecl, LabelRule
 
 DENSE = "dense"
 LABEL = "label"
@@ -60,22 +61,23 @@ class Input:
     def spec(self) -> tf.TensorSpec:
         return tf.TensorSpec(self.shape, self.dtype, name=self.name)
 
-    def describe(self) -> dict:
-        d = {"name": self.name, "feature": self.feature, "role": self.role, "dtype": self.dtype.name,
-             "shape": [-1 if d is None else d for d in self.shape], "batch_group": self.group}
-        if self.role == "multi_hot":  # what pads a row's list: requests merged in a batch are padded with it
-            d["pad"] = fmt.PAD_ID
-        return d
+    def describe(self) -> InputDecl:
+        # a multi-hot list's pad: requests merged in a batch are padded with it
+        return InputDecl(name=self.name, feature=self.feature, role=self.role, dtype=self.dtype.name,
+                         shape=tuple(-1 if d is None else d for d in self.shape), batch_group=self.group,
+                         pad=fmt.PAD_ID if self.role == "multi_hot" else None)
 
 
-def label_rule(model: FrozenModel) -> dict:
+def label_rule(model: FrozenModel) -> LabelRule:
     """The support labels the model was trained on: 0 and 1 for clicks; the train split's range
     for ratings (``schema.json``'s ``label_stats``; data prepared before it recorded min and max
     gives no range)."""
     if model.kind == "click":
-        return {"values": [0.0, 1.0]}
+        return LabelRule(model.kind, values=(0.0, 1.0))
     stats = model.label_stats
-    return {"min": float(stats["min"]), "max": float(stats["max"])} if "min" in stats and "max" in stats else {}
+    if "min" in stats and "max" in stats:
+        return LabelRule(model.kind, low=float(stats["min"]), high=float(stats["max"]))
+    return LabelRule(model.kind)
 
 
 def sanitize(feature: str) -> str:
@@ -122,15 +124,13 @@ def _support_checks(model: FrozenModel, dense: Optional[tf.Tensor], labels: tf.T
     if dense is not None:
         checks.append(tf.debugging.assert_all_finite(
             dense, f"input '{SUPPORT}_{DENSE}' holds NaN or Inf: it would make every query score NaN"))
-    if "values" in rule:
-        ok = tf.reduce_all(tf.reduce_any(labels[:, None] == tf.constant(rule["values"]), axis=1))
-        allowed = " or ".join(f"{v:g}" for v in rule["values"])
-        checks.append(tf.debugging.Assert(ok, [f"support_label: a {model.kind} model takes {allowed} (the labels "
-                                               f"it was trained on), got", labels]))
-    elif rule:
-        ok = tf.reduce_all((labels >= rule["min"]) & (labels <= rule["max"]))
-        checks.append(tf.debugging.Assert(ok, [f"support_label: this {model.kind} model was trained on labels in "
-                                               f"[{rule['min']:g}, {rule['max']:g}], got", labels]))
+    if rule.values is not None:
+        ok = tf.reduce_all(tf.reduce_any(labels[:, None] == tf.constant(list(rule.values)), axis=1))
+        checks.append(tf.debugging.Assert(ok, [f"support_label: {rule.text()} (the labels it was trained on), got",
+                                               labels]))
+    elif rule.constrains:
+        ok = tf.reduce_all((labels >= rule.low) & (labels <= rule.high))
+        checks.append(tf.debugging.Assert(ok, [f"support_label: {rule.text()}, got", labels]))
     return checks
 
 

@@ -26,7 +26,6 @@ from typing import List, Mapping, Sequence, Tuple
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.embedding.lookup import FeatureRows, SparseState
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights, outer_losses

@@ -20,7 +20,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ConfigError, MetaConfig
 from gmeta_tf.embedding.lookup import SparseState
 from gmeta_tf.model.adaptable import AdaptableModel

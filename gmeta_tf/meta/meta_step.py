@@ -16,7 +16,6 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.meta.dense_step import DenseStep, erm_objective, jit_enabled, maml_objective, padded_rows
 from gmeta_tf.meta.inner_loop import InnerLoopSpec

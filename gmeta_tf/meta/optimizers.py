@@ -5,7 +5,6 @@ learning rates from the train config for both.
 """
 from __future__ import annotations
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import TrainConfig
 from gmeta_tf.embedding.optimizers import TableOptimizers, keras_optimizer
 

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.embedding.lookup import SparseState
 from gmeta_tf.meta.inner_loop import FastWeights, InnerLoopSpec, adapt, outer_losses

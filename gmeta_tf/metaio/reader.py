@@ -35,7 +35,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from gmeta_tf.config.schema import DataConfig
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.task_format import load_schema, split_files  # noqa: F401  (part of this module's API)

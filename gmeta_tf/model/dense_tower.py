@@ -17,7 +17,6 @@ from typing import Dict, List
 import numpy as np
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ModelConfig
 
 Params = Dict[str, tf.Tensor]

@@ -9,7 +9,6 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import ConfigError, ModelConfig
 from gmeta_tf.embedding.collection import Embeddings, create_tables
 from gmeta_tf.embedding.fused import resolve as fuse_tables

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
-
 
 def per_sample_loss(kind: str, scores: tf.Tensor, labels: tf.Tensor, rating_loss: str = "squared") -> tf.Tensor:
     """Log loss for clicks; for ratings ``rating_loss`` (``model.rating_loss``): ``squared``

@@ -2,7 +2,7 @@
 
 Input names, dtypes and shapes come from each signature's ``TensorSpec``s, so any SavedModel
 with signatures can be served. What a TensorSpec cannot say comes from what the export declares
-in ``assets.extra/export.json`` (``gmeta export`` writes it; ``export/manifest.py``):
+in ``assets.extra/export.json`` (``gmeta export`` writes it; its record: ``export_format.py``):
 
 * which inputs share a first (batch) dimension: each input's ``batch_group``, and the group the
   outputs follow (``output_batch_group``). A spec's leading ``None`` says only that the size is
@@ -20,17 +20,18 @@ sizes, and no signature is micro-batched (``batcher.not_batchable`` says why at 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from gmeta_tf import export_format
 from gmeta_tf.errors import UserError
+from gmeta_tf.export_format import ExportRecord, InputDecl, LabelRule
 
 DEFAULT_SIGNATURE = "serving_default"
-EXPORT_MANIFEST = Path("assets.extra") / "export.json"
+EXPORT_MANIFEST = export_format.PATH
 
 
 class ModelDirError(UserError):
@@ -59,31 +60,6 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
-class LabelRule:
-    """The labels a model was trained on: a set of ``values`` (clicks) or a ``[low, high]`` range."""
-
-    kind: str
-    values: Optional[Tuple[float, ...]] = None
-    low: Optional[float] = None
-    high: Optional[float] = None
-
-    def allows(self, labels: np.ndarray) -> np.ndarray:
-        if self.values is not None:
-            return np.isin(labels, self.values)
-        ok = np.ones(labels.shape, bool)
-        if self.low is not None:
-            ok &= labels >= self.low
-        if self.high is not None:
-            ok &= labels <= self.high
-        return ok
-
-    def text(self) -> str:
-        if self.values is not None:
-            return f"a {self.kind} model takes {' or '.join(f'{v:g}' for v in self.values)}"
-        return f"this {self.kind} model was trained on labels in [{self.low:g}, {self.high:g}]"
-
-
-@dataclass(frozen=True)
 class Signature:
     name: str
     inputs: Dict[str, TensorInfo]
@@ -106,63 +82,39 @@ class Signature:
         return {g: tuple(names) for g, names in groups.items()}
 
 
-def _info(name: str, spec: Any, declared: Optional[dict] = None) -> TensorInfo:
+def _info(name: str, spec: Any, declared: Optional[InputDecl] = None) -> TensorInfo:
     shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
-    declared = declared or {}
+    declared = declared or InputDecl(name)
     return TensorInfo(name=name, dtype=np.dtype(spec.dtype.as_numpy_dtype), shape=shape,
-                      group=declared.get("batch_group"), pad=declared.get("pad"))
+                      group=declared.batch_group, pad=declared.pad)
 
 
-def _label_rule(label: dict) -> Optional[LabelRule]:
-    if "values" in label:
-        return LabelRule(str(label.get("kind")), values=tuple(float(v) for v in label["values"]))
-    if "min" in label or "max" in label:
-        return LabelRule(str(label.get("kind")), low=label.get("min"), high=label.get("max"))
-    return None
-
-
-def describe(name: str, fn: Any, manifest: Optional[dict] = None) -> Signature:
+def describe(name: str, fn: Any, manifest: Optional[ExportRecord] = None) -> Signature:
     """The specs of one concrete signature function of a loaded SavedModel, with what
     ``manifest`` (the export's ``export.json``, if any) declares about it."""
     _, kwargs = fn.structured_input_signature
-    declared = _declared(manifest, name)
-    by_name = {x["name"]: x for x in declared.get("inputs", [])}
+    declared = manifest.signature(name) if manifest is not None else None
+    by_name = {x.name: x for x in declared.inputs} if declared is not None else {}
     inputs = {k: _info(k, spec, by_name.get(k)) for k, spec in kwargs.items()}
     outputs = {k: _info(k, spec) for k, spec in fn.structured_outputs.items()}
-    rule = _label_rule((manifest or {}).get("label") or {})
-    labels = {k: rule for k in inputs if rule is not None and by_name.get(k, {}).get("role") == "label"}
-    return Signature(name=name, inputs=inputs, outputs=outputs, output_group=declared.get("output_batch_group"),
-                     labels=labels)
+    rule = manifest.label if manifest is not None else None
+    labels = {k: rule for k in inputs
+              if rule is not None and rule.constrains and k in by_name and by_name[k].role == "label"}
+    return Signature(name=name, inputs=inputs, outputs=outputs,
+                     output_group=declared.output_batch_group if declared is not None else None, labels=labels)
 
 
-def _declared(manifest: Optional[dict], name: str) -> dict:
-    """``manifest``'s entry for signature ``name``, following ``same_as``; {} when none."""
-    sigs = (manifest or {}).get("signatures") or {}
-    entry = sigs.get(name) or {}
-    seen = {name}
-    while "same_as" in entry and entry["same_as"] not in seen:
-        seen.add(entry["same_as"])
-        entry = sigs.get(entry["same_as"]) or {}
-    return entry
-
-
-def read_manifest(model_dir: Path) -> Optional[dict]:
+def read_manifest(model_dir: Path) -> Optional[ExportRecord]:
     """The export's ``assets.extra/export.json``, or None for a SavedModel without one."""
-    path = model_dir / EXPORT_MANIFEST
-    if not path.is_file():
-        return None
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ModelDirError(f"--model {model_dir}: {path} cannot be read as JSON: {e}") from None
-    if not isinstance(manifest, dict):
-        raise ModelDirError(f"--model {model_dir}: {path} must hold a JSON object")
-    return manifest
+        return export_format.read(model_dir)
+    except export_format.ExportFileError as e:
+        raise ModelDirError(f"--model {model_dir}: {e}") from None
 
 
-def _check_declared(model_dir: Path, sig: Signature, manifest: dict) -> None:
+def _check_declared(model_dir: Path, sig: Signature, manifest: ExportRecord) -> None:
     """An export.json that names inputs the signature lacks belongs to another model."""
-    names = {x.get("name") for x in _declared(manifest, sig.name).get("inputs", [])}
+    names = {x.name for x in manifest.signature(sig.name).inputs}
     if names and names != set(sig.inputs):
         extra = sorted(n for n in names ^ set(sig.inputs) if n is not None)
         raise ModelDirError(f"--model {model_dir}: {EXPORT_MANIFEST} does not describe signature {sig.name!r} "

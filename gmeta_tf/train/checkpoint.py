@@ -34,7 +34,6 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf import storage as store
 from gmeta_tf.errors import CheckpointError
 from gmeta_tf.model.dlrm import DLRM

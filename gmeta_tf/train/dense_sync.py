@@ -12,8 +12,6 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
-
 
 class LocalSync:
     rank = 0

@@ -33,7 +33,6 @@ from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.embedding.optimizers import row_update, slot_init
 
 Fields = Dict[str, Tuple[tf.Tensor, tf.Tensor]]  # field ("value", "m", ...) -> (rows, exists)

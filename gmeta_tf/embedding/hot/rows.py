@@ -20,7 +20,6 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
 from gmeta_tf.embedding.column_split import ColumnSplitTable
 from gmeta_tf.embedding.hot.prefetch import ColdPrefetch, read_rows

@@ -24,8 +24,6 @@ from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
-
 
 def dense_cost(k: int, dim: int, n: int) -> float:
     return 2.0 * (n - 1) / n * k * (dim + 1) * 4

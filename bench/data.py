@@ -1,0 +1,32 @@
+"""The data the benchmarks read, prepared once per size, and where benchmark outputs go.
+
+Why its own module: ``bench/run.py`` (the runner) and the benchmarks it runs
+(``distributed.py``, ``ps_cpu.py``, ``profile_step.py``) all need the same prepared data; when
+it lived in the runner, the benchmarks imported their own runner back and the modules formed a
+circle. Now every benchmark and the runner import this, and nothing imports the runner.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+WORK = BENCH_DIR / "out"
+
+
+def prepared_data(tasks: int = 3000, shards: int = 0):
+    """Synthetic click data prepared with the quickstart config (``shards`` > 0 overrides its shards)."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.data.prepare import prepare
+    from gmeta_tf.data.synth import synth
+
+    prepared = WORK / (f"data-{tasks}" + (f"-{shards}shards" if shards else "")) / "prepared"
+    t0 = time.perf_counter()
+    s = synth(str(prepared.parent / "raw"), tasks=tasks, seed=0, overwrite=True)
+    t1 = time.perf_counter()
+    prepare([str(prepared.parent / "raw")], str(prepared),
+            load_config("configs/quickstart.yaml", [f"prepare.shards={shards}"] if shards else []).prepare,
+            overwrite=True)
+    t2 = time.perf_counter()
+    return str(prepared), {"rows": s["rows"], "synth_rows_per_s": s["rows"] / (t1 - t0),
+                           "prepare_rows_per_s": s["rows"] / (t2 - t1)}
