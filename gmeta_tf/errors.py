@@ -23,3 +23,8 @@ class PlanError(UserError):
 
 class HotSetMissError(DataError):
     """A hot table served without the PS (its profile claimed every train id) met another id."""
+
+
+class NetworkEmulationError(ClusterError):
+    """The emulated network (``--network``) cannot be set up here, a profile is malformed, or an
+    ``ip`` / ``tc`` command failed: the message names the value, the privilege or the command."""
