@@ -78,6 +78,9 @@ def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path):
     for (step, a), (_, b) in zip(emu_losses, loop_losses):
         assert abs(a - b) <= 1e-5, (step, a, b)
     assert (emu_summary["ranks"], emu_summary["ps"], emu_summary["last_step"]) == (2, 1, STEPS)
+    assert (loop_summary["ranks"], loop_summary["ps"]) == (2, 1)
+    print(f"tasks/s (rank 0): emulated {emu_summary['tasks_per_s']:.1f}, loopback {loop_summary['tasks_per_s']:.1f}; "
+          f"dense digests {emu_summary['dense_digest']} / {loop_summary['dense_digest']}")
     ranks = [json.loads((emu / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
 
