@@ -19,7 +19,7 @@ import time
 import pytest
 
 from gmeta_tf.errors import NetworkEmulationError
-from launch.network.netns import EmulatedNetwork, list_namespaces, missing_privilege, sweep_stale
+from launch.network.netns import ETC_NETNS, EmulatedNetwork, list_namespaces, missing_privilege, sweep_stale
 from launch.network.profile import NAMED, parse_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,7 +118,9 @@ def _root_links():
 
 
 def _ours(net_id):
-    return [n for n in list_namespaces() if f"-{net_id}-" in n]
+    """This network's namespaces and per-host /etc/netns directories."""
+    etc = os.listdir(ETC_NETNS) if os.path.isdir(ETC_NETNS) else []
+    return [n for n in list_namespaces() if f"-{net_id}-" in n] + [f"etc:{n}" for n in etc if f"-{net_id}-" in n]
 
 
 # -- integration ----------------------------------------------------------------------------------
@@ -150,6 +152,11 @@ def test_hosts_reach_each_other_and_nothing_else():
                                    text=True).stdout
             assert sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()) == ["eth0", "lo"]
             assert _root_links() == before  # nothing attached to the root namespace
+            # the machine's name is the host's own address there (Gloo resolves it), peers by name
+            names = subprocess.run(net.exec_argv("a", [sys.executable, "-c", "import socket; print(socket.gethostbyname("
+                                                       "socket.gethostname()), socket.gethostbyname('b'))"]),
+                                   capture_output=True, text=True).stdout.split()
+            assert names == [net.address("a"), net.address("b")]
         finally:
             server.kill()
             server.wait()
@@ -214,10 +221,18 @@ def test_teardown_leaves_nothing_on_failure():
     net = EmulatedNetwork(["a", "b", "c"], parse_profile("rate=1gbit,loss=0.01"))
     with pytest.raises(RuntimeError):
         with net:
-            assert len(_ours(net.net_id)) == 4
+            assert len(_ours(net.net_id)) == 4 + 3  # bridge + 3 hosts, 3 hosts files
             raise RuntimeError("a failing launch")
     assert _ours(net.net_id) == []
     assert _root_links() == before
+
+
+def _remove(net_id):
+    for n in _ours(net_id):
+        if n.startswith("etc:"):
+            shutil.rmtree(os.path.join(ETC_NETNS, n[4:]), ignore_errors=True)
+        else:
+            subprocess.run(["ip", "netns", "del", n])
 
 
 def _child_network(watchdog: bool):
@@ -241,11 +256,11 @@ def _child_network(watchdog: bool):
 def test_sweep_stale_removes_namespaces_of_a_killed_owner():
     p, net_id = _child_network(watchdog=False)
     try:
-        assert len(_ours(net_id)) == 3
+        assert len(_ours(net_id)) == 3 + 2
         assert not any(f"-{net_id}-" in n for n in sweep_stale())  # owner alive: kept
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
-        assert len(_ours(net_id)) == 3  # nobody tore down
+        assert len(_ours(net_id)) == 3 + 2  # nobody tore down
         removed = sweep_stale()
         assert sorted(n for n in removed if f"-{net_id}-" in n) == sorted(
             f"gm-{p.pid}-{net_id}-{h}" for h in ("0br", "a", "b"))
@@ -254,8 +269,7 @@ def test_sweep_stale_removes_namespaces_of_a_killed_owner():
         if p.poll() is None:
             p.kill()
             p.wait()
-        for n in _ours(net_id):
-            subprocess.run(["ip", "netns", "del", n])
+        _remove(net_id)
 
 
 @needs_netns
@@ -263,7 +277,7 @@ def test_sweep_stale_removes_namespaces_of_a_killed_owner():
 def test_watchdog_tears_down_after_owner_kill_9():
     p, net_id = _child_network(watchdog=True)
     try:
-        assert len(_ours(net_id)) == 3
+        assert len(_ours(net_id)) == 3 + 2
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         deadline = time.monotonic() + 10
@@ -274,5 +288,4 @@ def test_watchdog_tears_down_after_owner_kill_9():
         if p.poll() is None:
             p.kill()
             p.wait()
-        for n in _ours(net_id):
-            subprocess.run(["ip", "netns", "del", n])
+        _remove(net_id)

@@ -26,6 +26,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +49,7 @@ _NS_NAME = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]+)-([a-z0-9]+)$")
 _CAP_NET_ADMIN = 12
 _MIN_BURST = 256 * 1024  # above veth's 64 KiB GSO packets, with room for two
 _CMD_TIMEOUT_S = 30.0
+ETC_NETNS = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
 
 
 def run_cmd(argv: Sequence[str]) -> str:
@@ -111,6 +113,10 @@ def sweep_stale(log=lambda msg: None) -> List[str]:
         if m and not _pid_alive(int(m.group(1))):
             _delete_ns(name)
             removed.append(name)
+    for name in os.listdir(ETC_NETNS) if os.path.isdir(ETC_NETNS) else []:
+        m = _NS_NAME.match(name)  # a hosts file whose namespace is already gone
+        if m and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
     if removed:
         log(f"[network] removed {len(removed)} stale namespace(s) of dead launchers: {', '.join(removed)}")
     return removed
@@ -122,6 +128,7 @@ def _delete_ns(name: str) -> None:
     except NetworkEmulationError:
         if name in list_namespaces():
             raise
+    shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
 
 
 def _tbf_args(rate_bit_s: int) -> List[str]:
@@ -239,9 +246,23 @@ class EmulatedNetwork:
             raise NetworkEmulationError("teardown of the emulated network failed: " + "; ".join(errors))
 
     def _add_ns(self, name: str) -> None:
+        self._created.append(name)  # before: a half-made namespace is still removed
         run_cmd(["ip", "netns", "add", name])
-        self._created.append(name)
         run_cmd(["ip", "-n", name, "link", "set", "lo", "up"])
+
+    def _write_hosts(self, host: str) -> None:
+        """This host's /etc/hosts (bind-mounted by ``ip netns exec``): the machine's hostname
+        resolves to the host's own address, as on a real machine or a pod. Gloo needs it: Horovod
+        builds its process-set contexts from ``gethostname()``, not ``HOROVOD_GLOO_IFACE``, and on
+        the root /etc/hosts that name is 127.0.0.1, which the other hosts cannot reach. Every
+        emulated host is listed under its own name too."""
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback",
+                 f"{self.address(host)} {socket.gethostname()}"]
+        lines += [f"{self.address(h)} {h}" for h in self.hosts]
+        d = os.path.join(ETC_NETNS, self.prefix + host)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "hosts"), "w") as f:
+            f.write("\n".join(lines) + "\n")
 
     def _build(self) -> None:
         br = self.bridge_ns
@@ -251,6 +272,7 @@ class EmulatedNetwork:
         for i, host in enumerate(self.hosts):
             ns = self.prefix + host
             self._add_ns(ns)
+            self._write_hosts(host)
             port = f"p{i}"
             # created directly in both namespaces: the root namespace never holds either end
             run_cmd(["ip", "link", "add", HOST_IFACE, "netns", ns, "type", "veth",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,9 @@ def remove_namespaces(prefix: str) -> List[str]:
     names = [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
     for name in names:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    for name in os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []:
+        if name.startswith(prefix):  # the per-host /etc/hosts (netns.py ETC_NETNS)
+            shutil.rmtree(os.path.join("/etc/netns", name), ignore_errors=True)
     return names
 
 
