@@ -1,8 +1,12 @@
 """A job on emulated hosts (launch/emulated_hosts.py): 1 PS + 2 workers, each in its own network
 namespace behind a shaped link, started TFJob-style (TF_CONFIG, Gloo rendezvous, no horovodrun).
 
-The network changes timing, not math: the losses match a loopback ``gmeta launch local`` of the
-same config to 1e-5. Nothing outlives the job: no namespace (also after a kill -9 of the
+The network changes timing, not math: with one worker the losses match a loopback ``gmeta launch
+local`` of the same config to 1e-5. With two workers no two runs match to 1e-5, loopback ones
+included: embedding updates reach the PS asynchronously (docs/architecture.md), so which rows a
+worker reads depends on timing. Two loopback runs of this 2-worker config differed by 1e-4 at
+step 10 and 1.9e-3 at step 20; the 2-worker case checks the losses to 1e-2 and the ranks'
+dense weights bit-identical. Nothing outlives the job: no namespace (also after a kill -9 of the
 launcher: its watchdog removes them) and no process (``no_orphans``).
 """
 from __future__ import annotations
@@ -57,9 +61,10 @@ def test_own_job_is_empty_unless_an_address_is_given():
 
 @needs_netns
 @pytest.mark.integration
-def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path):
+@pytest.mark.parametrize("workers, tolerance", [(1, 1e-5), (2, 1e-2)])
+def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path, workers, tolerance):
     emu, loop = tmp_path / "emulated", tmp_path / "loopback"
-    p = subprocess.Popen([*LAUNCHER, "rate=100mbit", "2", "1", "400", "--", *_train_args(tiny_data, emu)],
+    p = subprocess.Popen([*LAUNCHER, "rate=100mbit", str(workers), "1", "400", "--", *_train_args(tiny_data, emu)],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = p.communicate(timeout=500)
@@ -68,21 +73,21 @@ def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path):
             p.kill()
             p.wait()
     assert p.returncode == 0, out[-4000:]
-    assert "3 emulated hosts (rate=100mbit: 100mbit" in out, out[-4000:]
+    assert f"{workers + 1} emulated hosts (rate=100mbit: 100mbit" in out, out[-4000:]
     assert _namespaces_of(p.pid) == []
-    r = subprocess.run([*GMETA, "launch", "local", "--workers", "2", "--ps", "1", "--timeout", "400",
+    r = subprocess.run([*GMETA, "launch", "local", "--workers", str(workers), "--ps", "1", "--timeout", "400",
                         *_train_args(tiny_data, loop)], cwd=REPO, capture_output=True, text=True, timeout=500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (emu_losses, emu_summary), (loop_losses, loop_summary) = _losses(emu), _losses(loop)
     assert [s for s, _ in emu_losses] == [s for s, _ in loop_losses] == list(range(10, STEPS + 1, 10))
     for (step, a), (_, b) in zip(emu_losses, loop_losses):
-        assert abs(a - b) <= 1e-5, (step, a, b)
-    assert (emu_summary["ranks"], emu_summary["ps"], emu_summary["last_step"]) == (2, 1, STEPS)
-    assert (loop_summary["ranks"], loop_summary["ps"]) == (2, 1)
+        assert abs(a - b) <= tolerance, (step, a, b)
+    assert (emu_summary["ranks"], emu_summary["ps"], emu_summary["last_step"]) == (workers, 1, STEPS)
+    assert (loop_summary["ranks"], loop_summary["ps"]) == (workers, 1)
     print(f"tasks/s (rank 0): emulated {emu_summary['tasks_per_s']:.1f}, loopback {loop_summary['tasks_per_s']:.1f}; "
           f"dense digests {emu_summary['dense_digest']} / {loop_summary['dense_digest']}")
-    ranks = [json.loads((emu / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
+    ranks = [json.loads((emu / "ranks" / f"rank{r}.json").read_text()) for r in range(workers)]
+    assert len({r["dense_digest"] for r in ranks}) == 1  # the dense all-reduce crossed the links
 
 
 @needs_netns
