@@ -111,6 +111,7 @@ def sweep_stale(log=lambda msg: None) -> List[str]:
     for name in list_namespaces():
         m = _NS_NAME.match(name)
         if m and not _pid_alive(int(m.group(1))):
+            watchdog.kill_inside([name], grace_s=2.0)
             _delete_ns(name)
             removed.append(name)
     for name in os.listdir(ETC_NETNS) if os.path.isdir(ETC_NETNS) else []:
@@ -232,6 +233,10 @@ class EmulatedNetwork:
         self._closed = True
         for t in self._cuts:
             t.join(timeout=0)  # daemon threads; their `ip` calls fail harmlessly once gone
+        # whatever the caller did not stop would be left running, cut off, in a deleted namespace
+        left = watchdog.kill_inside([ns for ns in self._created if ns in list_namespaces()], grace_s=2.0)
+        if left:
+            self.log(f"[network] stopped {len(left)} process(es) still on the emulated hosts: {left}")
         errors = []
         for ns in reversed(self._created):
             try:

@@ -1,8 +1,9 @@
 """A tiny process that removes an emulated network when its owner dies, however it dies.
 
 Why a process and not only ``sweep_stale`` at the next launch: a launcher killed with SIGKILL
-runs no teardown; its children die with it (``PR_SET_PDEATHSIG``), but named network namespaces
-are bind mounts under /run/netns and stay until someone deletes them, perhaps forever on a CI
+runs no teardown; its children get SIGTERM (``PR_SET_PDEATHSIG``), but one blocked in a TF call
+may never act on it (the watchdog escalates to SIGKILL for anything left in its hosts), and
+named network namespaces are bind mounts under /run/netns and stay until someone deletes them, perhaps forever on a CI
 box where no next launch comes. This watchdog is started in its own session (a signal to the
 launcher's process group does not reach it), waits on the owner through a pidfd (no polling,
 no pid-reuse race), then deletes every namespace whose name starts with the network's prefix
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import List
 
 _READY = b"ready\n"
@@ -48,9 +50,34 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def kill_inside(names: List[str], grace_s: float = 5.0) -> List[int]:
+    """SIGTERM every process still inside these namespaces, SIGKILL what is left after
+    ``grace_s``. A trainer blocked in a TF or Gloo call cannot run its SIGTERM handler, and with
+    its launcher gone nobody else would escalate (a kubelet would, after its grace period)."""
+    def pids() -> List[int]:
+        found = []
+        for name in names:
+            out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+            found += [int(p) for p in out.split() if p.isdigit() and int(p) != os.getpid()]
+        return found
+
+    first = pids()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return first
+
+
 def remove_namespaces(prefix: str) -> List[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     names = [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+    kill_inside(names)
     for name in names:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
     for name in os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []:
