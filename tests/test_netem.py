@@ -193,11 +193,12 @@ for i in range(3000):
 """
     recv = """
 import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 7002)); s.settimeout(2)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 7002))
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22); s.settimeout(60)  # a slow sender start
 print("up", flush=True); n = 0
 try:
     while True:
-        s.recv(16); n += 1
+        s.recv(16); n += 1; s.settimeout(3)
 except socket.timeout:
     print(n)
 """
