@@ -1,7 +1,7 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``, ``faults``); the other sections' previous results stay in the
+``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``, ``faults``, ``network``); the other sections' previous results stay in the
 JSON file.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
@@ -126,6 +126,12 @@ def bench_faults(results: Dict) -> None:
     results["faults"] = measure(data, WORK / "faults")
 
 
+def bench_network(results: Dict) -> None:
+    from bench.network import measure
+
+    results["network"] = measure()
+
+
 def bench_export(results: Dict) -> None:
     from bench.export_lookup import measure
 
@@ -136,7 +142,8 @@ SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed"
                                                 "sharding": bench_sharding, "hot_split": bench_hot_split,
                                                 "startup": bench_startup, "serve": bench_serve,
                                                 "export": bench_export, "delivery": bench_delivery,
-                                                "faults": bench_faults}
+                                                "faults": bench_faults,
+                                                "network": bench_network}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -215,6 +222,8 @@ HEADLINES = [
     ("memory.peak_rss_mib", "peak RSS of the bench process, MiB", ""),
     ("export.static_ns_per_id_hit", "exported table lookup (1M rows), ns per id", ""),
     ("export.static_over_tfra", "exported table lookup / TFRA lookup (per id)", ""),
+    ("network.emulation.rate_error", "emulated link: bulk TCP rate / set rate - 1 (worst of 100 Mbit/s, 1 Gbit/s)",
+     "within ±0.10"),
     ("delivery.steps_ratio_warm_over_scratch", "steps to the from-scratch best valid AUC, warm start / scratch", "≤ 0.25"),
     ("delivery.time_ratio_warm_over_scratch", "… same, wall time", "≤ 0.25"),
 ]

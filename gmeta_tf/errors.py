@@ -57,6 +57,11 @@ class HotSetMissError(DataError):
     """A hot table served without the PS (its profile claimed every train id) met another id."""
 
 
+class NetworkEmulationError(ClusterError):
+    """The emulated network (``--network``) cannot be set up here, a profile is malformed, or an
+    ``ip`` / ``tc`` command failed: the message names the value, the privilege or the command."""
+
+
 _TF_NOISE = re.compile(r"^(Graph execution error:|Detected at node|<stack traces unavailable>|\s|\[\[|$)")
 
 

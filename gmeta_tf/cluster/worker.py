@@ -7,6 +7,9 @@ model, the meta step or the checkpoint code knows whether it is distributed.
 * Each worker is its own eager client (job ``worker<rank>``) of the ``ps`` job. TFRA tables are
   placed on ``/job:ps/task:i`` by name (``embedding/naming.py``); a job-wide namespace makes every
   worker bind the same PS resources.
+* A worker's own task is ``localhost:<port>`` in the cluster it builds (TF's default), which a PS
+  on another host cannot reach back. ``GMETA_WORKER_ADDRESS`` (set by the emulated-host launcher,
+  launch/emulated_hosts.py) names the address the PS can route to; unset, nothing changes.
 * A PS that cannot be reached within ``cluster.connect_timeout_s`` is a ``ClusterError`` naming
   its address, not a hang.
 """
@@ -23,6 +26,7 @@ from gmeta_tf.plan.placement_file import TablePlacement, check_tasks, read_place
 from gmeta_tf.train.runtime import Runtime, connect_once
 
 JOB_NAMESPACE = "gmeta"
+WORKER_ADDRESS_ENV = "GMETA_WORKER_ADDRESS"  # "host" or "host:port": this worker as the PS sees it
 
 
 def ps_addresses(cfg: Config) -> List[str]:
@@ -69,6 +73,29 @@ def _touch_every_ps(n: int) -> None:
         int(value.numpy())
 
 
+def own_job(rank: int, env: Optional[Dict[str, str]] = None) -> Dict[str, List[str]]:
+    """This worker's entry in the cluster it connects to, from ``GMETA_WORKER_ADDRESS``: ``{}``
+    when unset (TF then adds ``localhost:<free port>``); without a port, a free one on that host."""
+    import socket
+
+    raw = (os.environ if env is None else env).get(WORKER_ADDRESS_ENV, "").strip()
+    if not raw:
+        return {}
+    host, sep, port = raw.rpartition(":") if raw.count(":") == 1 else (raw, "", "")
+    host = host if sep else raw
+    if sep and not port.isdigit():
+        raise ClusterError(f"{WORKER_ADDRESS_ENV}={raw!r}: the port must be a number")
+    if not sep:
+        try:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = str(s.getsockname()[1])
+        except OSError as e:
+            raise ClusterError(f"{WORKER_ADDRESS_ENV}={raw!r} is not an address of this host: "
+                               f"{e.strerror or e}") from None
+    return {f"worker{rank}": [f"{host}:{port}"]}
+
+
 def connect_rank0_first(ps: List[str], sync) -> None:
     """Open this rank's eager context on every PS: rank 0 alone, then every other rank at once.
 
@@ -85,7 +112,7 @@ def connect_rank0_first(ps: List[str], sync) -> None:
 
     def connect() -> None:
         tf.config.experimental_connect_to_cluster(
-            tf.train.ClusterSpec({"ps": ps}), job_name=f"worker{sync.rank}", make_master_device_default=False)
+            tf.train.ClusterSpec({"ps": ps, **own_job(sync.rank)}), job_name=f"worker{sync.rank}", make_master_device_default=False)
         _touch_every_ps(len(ps))  # returns once this rank's context exists on every PS
 
     if sync.rank == 0:
