@@ -101,10 +101,12 @@ class LocalCluster:
         self.stop_signal: Optional[int] = None
         self.stop_grace_s = 0.0
         self.first_failure_at: Optional[float] = None  # wall clock of the first death seen
+        self.exit_order: List[Child] = []  # waited-for processes, in the order they exited
 
     # -- processes ----------------------------------------------------------------------------
-    def spawn(self, name: str, argv: List[str], prefix: Optional[str] = None) -> Child:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
+    def spawn(self, name: str, argv: List[str], prefix: Optional[str] = None,
+              env: Optional[Dict[str, str]] = None) -> Child:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**self.env, **(env or {})},
                                 start_new_session=True, text=True, bufsize=1,
                                 preexec_fn=_die_with(os.getpid()))
         child = Child(name, proc)
@@ -146,23 +148,38 @@ class LocalCluster:
         return self.ps_addresses
 
     def run_workers(self, workers: int, worker_argv: List[str], timeout_s: Optional[float] = None) -> int:
-        """Run ``horovodrun`` to its end. A stop request (``request_stop``) is passed to every
-        rank as the signal itself, so they checkpoint at one agreed step
-        (``gmeta_tf/train/preemption.py``); horovodrun's own SIGTERM handling would give them 5 s."""
+        """Run ``worker_argv`` as ``workers`` ranks under ``horovodrun`` to its end."""
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))
         argv = [horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *worker_argv]
         self.log(f"[launch] {shlex.join(argv)}")
-        child = self.spawn("horovodrun", argv)
+        return self.wait_workers([self.spawn("horovodrun", argv)], timeout_s)
+
+    def train(self, workers: int, train_args: List[str], timeout_s: Optional[float] = None) -> int:
+        """``gmeta train train_args`` as ``workers`` Horovod ranks against this cluster's PS."""
+        argv = [sys.executable, "-m", "gmeta_tf.cli.main", "train", *train_args]
+        if self.ps_addresses:
+            argv += ["--ps", ",".join(self.ps_addresses)]
+        return self.run_workers(workers, argv, timeout_s)
+
+    def wait_workers(self, waited: List[Child], timeout_s: Optional[float] = None) -> int:
+        """Wait for ``waited`` (horovodrun, or the workers themselves) to exit; their first
+        non-zero code, 0, or 124 at the time-out. A stop request (``request_stop``) is passed to
+        every rank as the signal itself, so they checkpoint at one agreed step
+        (``gmeta_tf/train/preemption.py``); horovodrun's own SIGTERM handling would give them 5 s."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         forwarded = None
-        while child.proc.poll() is None:
+        while any(c.proc.poll() is None for c in waited):
             for c in self.ps_children():
                 if c.proc.poll() is not None and not c.stopping:
                     c.stopping = True  # report once; the workers fail on their own, naming it
                     self.first_failure_at = self.first_failure_at or time.time()
                     self.log(f"[launch] {c.name} died ({signal_name(c.proc.returncode)})")
+            for c in waited:
+                if c.proc.poll() is not None and c not in self.exit_order:
+                    self.exit_order.append(c)
+            self.tick()
             if self.stop_signal is not None and forwarded is None:
-                pids = self.rank_pids(child)
+                pids = self.worker_pids()
                 self.log(f"[launch] {signal.Signals(self.stop_signal).name}: asking {len(pids)} worker(s) for a "
                          f"preemption checkpoint (grace {self.stop_grace_s:g} s)")
                 for pid in pids:
@@ -171,40 +188,50 @@ class LocalCluster:
                     except ProcessLookupError:
                         pass
                 forwarded = time.monotonic() + self.stop_grace_s + 5.0
-            if forwarded is not None and time.monotonic() > forwarded:
-                self.log("[launch] workers still running after the grace period: stopping them")
-                self._stop(child)
+            over = forwarded is not None and time.monotonic() > forwarded
+            if over or (deadline is not None and time.monotonic() > deadline):
+                self.log("[launch] workers still running after the grace period: stopping them" if over else
+                         f"[launch] workers still running after {timeout_s:.0f} s: stopping them")
+                for c in waited:
+                    self._stop(c)
+                if not over:
+                    return 124
                 break
-            if deadline is not None and time.monotonic() > deadline:
-                self.log(f"[launch] workers still running after {timeout_s:.0f} s: stopping them")
-                self._stop(child)
-                return 124
             time.sleep(0.1)
-        self.first_failure_at = self.first_failure_at or (time.time() if child.proc.returncode else None)
-        child.thread.join(timeout=5)
-        return child.proc.returncode
+        for c in waited:
+            if c not in self.exit_order:
+                self.exit_order.append(c)
+            if c.thread is not None:
+                c.thread.join(timeout=5)
+        codes = [c.proc.returncode for c in self.exit_order if c in waited and c.proc.returncode]
+        if codes:
+            self.first_failure_at = self.first_failure_at or time.time()
+        return codes[0] if codes else 0
+
+    def tick(self) -> None:
+        """Called every 0.1 s while the workers run (emulated clusters fire scheduled faults)."""
 
     def request_stop(self, signum: int, grace_s: float) -> None:
-        """Called from the launcher's signal handler: ``run_workers`` forwards it."""
+        """Called from the launcher's signal handler: ``wait_workers`` forwards it."""
         self.stop_signal, self.stop_grace_s = signum, grace_s
 
-    @staticmethod
-    def rank_pids(horovodrun: Child) -> List[int]:
+    def worker_pids(self) -> List[int]:
         """The ``gmeta train`` rank processes under ``horovodrun`` (each in a session of its own,
         behind Horovod's middleman and a shell, so neither its group nor its children list has them)."""
         import psutil
 
         out = []
-        try:
-            for p in psutil.Process(horovodrun.proc.pid).children(recursive=True):
-                try:
-                    cmd = p.cmdline()
-                except psutil.Error:
-                    continue
-                if "gmeta_tf.cli.main" in cmd and "train" in cmd:
-                    out.append(p.pid)
-        except psutil.Error:
-            pass
+        for hv in (c for c in self.children if c.name == "horovodrun"):
+            try:
+                for p in psutil.Process(hv.proc.pid).children(recursive=True):
+                    try:
+                        cmd = p.cmdline()
+                    except psutil.Error:
+                        continue
+                    if "gmeta_tf.cli.main" in cmd and "train" in cmd:
+                        out.append(p.pid)
+            except psutil.Error:
+                pass
         return out
 
     def last_step_seen(self) -> Optional[int]:

@@ -19,14 +19,15 @@ module decides what happens around it, the way ``torchrun --max-restarts`` does:
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.train.restarts import RESTARTS_ENV, Restart, encode
 from launch.local_cluster import LocalCluster, signal_name
+from launch.network.faults import parse_fault
+from launch.network.profile import parse_profile
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PREEMPTED_CODES = {128 + int(signal.SIGTERM), 128 + int(signal.SIGINT)}
@@ -97,9 +98,12 @@ def _with_resume(train_argv: List[str]) -> List[str]:
 
 def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[str], None] = print,
                  timeout_s: Optional[float] = None, ps_ready_timeout_s: float = 120.0,
-                 restarts: RestartPolicy = RestartPolicy(), grace_s: float = 25.0) -> int:
-    """Start ``ps`` PS tasks and ``workers`` Horovod ranks running ``gmeta train train_argv``,
-    restarting the whole cluster up to ``restarts.max_restarts`` times.
+                 restarts: RestartPolicy = RestartPolicy(), grace_s: float = 25.0,
+                 network: Optional[str] = None, network_faults: Sequence[str] = ()) -> int:
+    """Start ``ps`` PS tasks and ``workers`` workers running ``gmeta train train_argv``,
+    restarting the whole cluster up to ``restarts.max_restarts`` times. ``network`` (a
+    ``--network`` profile) other than loopback puts every process on an emulated host
+    (``launch/emulated_cluster.py``), and ``network_faults`` schedules faults on their links.
 
     Returns 0 on success, or the exit code of the stop signal the launcher was sent (the
     ranks checkpointed first); raises ``ClusterError`` naming every failed rank / PS otherwise.
@@ -108,6 +112,32 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
         raise ClusterError(f"--workers must be >= 1 and --ps >= 0 (got {workers}, {ps})")
     if restarts.max_restarts < 0:
         raise ClusterError(f"--max-restarts must be >= 0 (got {restarts.max_restarts})")
+    profile = parse_profile(network)
+    faults = [parse_fault(f) for f in network_faults]
+    if faults and not profile.emulated:
+        raise ClusterError("--network-fault needs an emulated network (--network rate=... or a named profile)")
+    if not profile.emulated:
+        return _supervise(lambda env: LocalCluster(log=log, env=env), workers, ps, train_argv, log, timeout_s,
+                          ps_ready_timeout_s, restarts, grace_s)
+    from launch.emulated_cluster import EmulatedCluster
+    from launch.emulated_hosts import host_names
+    from launch.network.netns import EmulatedNetwork, require_privilege, sweep_stale
+
+    require_privilege()
+    sweep_stale(log)  # what a launcher killed with SIGKILL may have left, should its watchdog have failed
+    with EmulatedNetwork(host_names(workers, ps), profile, log=log) as net:
+        bad = [f.host for f in faults if f.host not in net.hosts]
+        if bad:
+            raise ClusterError(f"--network-fault names no host of this job: {', '.join(bad)} "
+                               f"(hosts: {', '.join(net.hosts)})")
+        return _supervise(lambda env: EmulatedCluster(net, workers, ps, log=log, env=env, faults=faults),
+                          workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s)
+
+
+def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster], workers: int, ps: int,
+               train_argv: List[str], log: Callable[[str], None], timeout_s: Optional[float],
+               ps_ready_timeout_s: float, restarts: RestartPolicy, grace_s: float) -> int:
+    """The restart loop of ``launch_local``, whatever kind of cluster ``make_cluster`` makes."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     history: List[Restart] = []
     state = {"cluster": None, "signum": None}
@@ -123,17 +153,14 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
         signal.signal(s, on_first_signal)
     try:
         while True:
-            cluster = LocalCluster(log=log, env={RESTARTS_ENV: encode(history)} if history else None)
+            cluster = make_cluster({RESTARTS_ENV: encode(history)} if history else None)
             state["cluster"], state["workers"] = cluster, False
             try:
-                addresses = cluster.start_ps(ps, ps_ready_timeout_s) if ps else []
-                argv = [sys.executable, "-m", "gmeta_tf.cli.main", "train",
-                        *(_with_resume(train_argv) if history else train_argv)]
-                if addresses:
-                    argv += ["--ps", ",".join(addresses)]
+                if ps:
+                    cluster.start_ps(ps, ps_ready_timeout_s)
                 left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
                 state["workers"] = True
-                code = cluster.run_workers(workers, argv, left)
+                code = cluster.train(workers, _with_resume(train_argv) if history else train_argv, left)
                 failure = _failure(cluster, code, timeout_s)
                 failed_at = cluster.first_failure_at or time.time()
                 step = cluster.last_step_seen()

@@ -24,10 +24,17 @@ def launch():
                    "checkpoint, up to this many times (torchrun's flag; 0: stop on the first failure).")
 @click.option("--restart-backoff", "backoff_s", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="Seconds to wait before the first restart; doubled at each further one (at most 30).")
+@click.option("--network", default="loopback", show_default=True, metavar="PROFILE",
+              help="loopback, a named profile (docs/network.md) or rate=1gbit[,loss=0.01]: anything but loopback "
+                   "runs every PS and worker on an emulated host of its own (network namespaces, tc), "
+                   "started as a TFJob's pods are. Needs root (CAP_NET_ADMIN) and iproute2.")
+@click.option("--network-fault", "network_faults", multiple=True, metavar="HOST:KIND=VALUE@STEP",
+              help="With --network: a fault on one host's link once a worker reaches STEP, e.g. ps0:cut=5@20, "
+                   "worker1:loss=0.02@10, worker0:rate=10mbit@30. Repeatable.")
 @train_options(with_ps=False)
 @friendly_errors
-def local(workers, ps_count, timeout_s, max_restarts, backoff_s, config_path, overrides, data, run_dir, algo,
-          steps, resume, warm_start):
+def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, network_faults, config_path, overrides,
+          data, run_dir, algo, steps, resume, warm_start):
     """Run `gmeta train` as N workers with M PS on this host; every train option passes through.
 
     SIGTERM or Ctrl-C makes every worker checkpoint at one agreed step and exit (143 / 130)
@@ -46,7 +53,8 @@ def local(workers, ps_count, timeout_s, max_restarts, backoff_s, config_path, ov
     argv += ["--out", run_dir, "--resume" if resume else "--no-resume"]
     try:
         code = launch_local(workers, ps_count, argv, log=lambda m: click.echo(m), timeout_s=timeout_s,
-                            restarts=RestartPolicy(max_restarts, backoff_s), grace_s=cfg.train.preemption_grace_s)
+                            restarts=RestartPolicy(max_restarts, backoff_s), grace_s=cfg.train.preemption_grace_s,
+                            network=network, network_faults=network_faults)
     except LaunchStopped as e:
         sys.exit(128 + e.signum)
     if code:

@@ -28,7 +28,12 @@ from launch.network.netns import list_namespaces, missing_privilege
 
 REPO = Path(__file__).resolve().parents[2]
 GMETA = [sys.executable, "-m", "gmeta_tf.cli.main"]
-LAUNCHER = [sys.executable, str(Path(__file__).with_name("emulated_launch.py"))]
+
+def _launcher(profile, workers, timeout_s):
+    """``gmeta launch local --network``: the launcher a user runs, not a test's own."""
+    return [*GMETA, "launch", "local", "--network", profile, "--workers", str(workers), "--ps", "1",
+            "--timeout", str(timeout_s)]
+
 STEPS = 20
 needs_netns = pytest.mark.skipif(missing_privilege() is not None, reason=f"{missing_privilege()}")
 
@@ -64,7 +69,7 @@ def test_own_job_is_empty_unless_an_address_is_given():
 @pytest.mark.parametrize("workers, tolerance", [(1, 1e-5), (2, 1e-2)])
 def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path, workers, tolerance):
     emu, loop = tmp_path / "emulated", tmp_path / "loopback"
-    p = subprocess.Popen([*LAUNCHER, "rate=100mbit", str(workers), "1", "400", "--", *_train_args(tiny_data, emu)],
+    p = subprocess.Popen([*_launcher("rate=100mbit", workers, 400), *_train_args(tiny_data, emu)],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = p.communicate(timeout=500)
@@ -96,7 +101,7 @@ def test_launcher_kill_9_leaves_no_namespace(tiny_data, tmp_path):
     run = tmp_path / "run"
     args = _train_args(tiny_data, run)
     args[args.index("--steps") + 1] = "400"
-    p = subprocess.Popen([*LAUNCHER, "rate=100mbit", "2", "1", "400", "--", *args], cwd=REPO,
+    p = subprocess.Popen([*_launcher("rate=100mbit", 2, 400), *args], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:

@@ -40,6 +40,7 @@ from fault_helpers import (
 )
 
 from gmeta_tf.errors import EXIT_CLUSTER_FAULT, EXIT_PREEMPTED
+from launch.network.netns import list_namespaces, missing_privilege
 
 STEPS = 200  # long enough that a kill at checkpoint 20 lands mid-run (~40 steps/s here)
 
@@ -243,3 +244,23 @@ def test_ps_restarted_at_the_same_address_stops_the_worker(tiny_data, tmp_path, 
             if p is not None and p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+# -- 6. emulated links: a PS cut off for 5 s, then 2% loss on a worker's link ----------------------
+@pytest.mark.skipif(missing_privilege() is not None, reason=f"emulated network: {missing_privilege()}")
+def test_a_cut_off_ps_and_a_lossy_link_ride_through_or_restart(tiny_data, tmp_path, no_orphans, reference_run):
+    """On emulated hosts (``--network``): ps0's link down for 5 s at step 30, then 2% of the packets
+    on worker0's link dropped from step 60. TCP rides through both (or, if a connection gives
+    up, one restart resumes): the run must end at its step, never hang past the time-out, leave
+    no namespace, and train the model the uninterrupted loopback run trained (one worker)."""
+    run = tmp_path / "run"
+    argv = [*_one_worker_argv(tiny_data, run, restarts=1), "--network", "rate=100mbit",
+            "--network-fault", "ps0:cut=5@30", "--network-fault", "worker0:loss=0.02@60"]
+    proc = _spawn(argv)
+    code, out = _finish(proc, timeout=600)
+    assert code == 0, out[-3000:]
+    assert "[launch] step 3" in out and "network fault ps0 cut=5" in out and "ps0: link restored" in out, out[-3000:]
+    assert "network fault worker0 loss=0.02" in out, out[-3000:]
+    assert not [n for n in list_namespaces() if n.startswith(f"gm-{proc.pid}-")]
+    _assert_all_complete(run)
+    _assert_same_model(run, reference_run)
