@@ -1,4 +1,6 @@
-"""``gmeta launch local``: M parameter servers plus ``horovodrun -np N`` on one host.
+"""One cluster on one host: M parameter servers plus ``horovodrun -np N`` (``launch/supervisor.py``
+decides what happens around it: restarts, stop signals; ``emulated_cluster.py`` puts the same
+processes on emulated hosts).
 
 What a user trusts this for:
 
@@ -6,12 +8,15 @@ What a user trusts this for:
   (``ps/server.py``), never a sleep; a PS that dies before it is ready is named.
 * Every line of every process is streamed with a prefix (``[ps0]``; Horovod's own
   ``[rank,...]<stdout>`` prefixes for the workers).
-* Teardown on success, failure and Ctrl-C / SIGTERM / SIGHUP: every child runs in its own
-  process group and the whole group gets SIGTERM, then SIGKILL after a grace period: no orphans.
+* A stop request (``request_stop``: the launcher got SIGTERM / Ctrl-C) goes to every rank as the
+  signal itself, so they checkpoint at one agreed step before exiting.
+* Teardown on success, failure and interruption: every child runs in its own process group and
+  the whole group gets SIGTERM, then SIGKILL after a grace period: no orphans.
 * A launcher killed outright (kill -9) runs no teardown, so each child also asks the kernel for
   SIGTERM when the launcher dies (``prctl(PR_SET_PDEATHSIG)``), and a PS watches the launcher's
   pid (``LAUNCHER_PID_ENV``) besides: the PS, holding the tables in memory, never outlives it.
-* The exit code is non-zero if any rank or PS failed, and the message names which.
+* What failed is readable afterwards (``failed_ranks``, dead PS children, ``last_step_seen``),
+  so the supervisor's message names the rank or PS at fault.
 """
 from __future__ import annotations
 

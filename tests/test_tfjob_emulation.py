@@ -56,9 +56,10 @@ def _auc(run_dir):
     return evaluate(model, cfg, cfg.meta.algo)["auc"]
 
 
-def _run_tfjob(configmap, tfjob, tmp_path, mounts):
+def _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=None):
     """Start every replica of ``tfjob`` as a local process, as the operator would; wait for the
-    workers. Returns their exit codes and every pod's log lines."""
+    workers. Returns their exit codes and every pod's log lines. ``fault(pods)`` runs once every
+    pod is started (it may kill one)."""
     conf_dir = Path(mounts["/etc/gmeta"])
     conf_dir.mkdir(parents=True, exist_ok=True)
     for key, text in configmap["data"].items():
@@ -88,6 +89,8 @@ def _run_tfjob(configmap, tfjob, tmp_path, mounts):
                 if replica == "ps":
                     wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", 120, pods[-1].proc)
         workers = [p for p in pods if p.name.startswith("worker")]
+        if fault is not None:
+            fault(pods)
         deadline = time.monotonic() + 500
         codes = [w.proc.wait(timeout=max(1.0, deadline - time.monotonic())) for w in workers]
         lines = "\n".join(line for p in pods for line in p.lines)
@@ -148,6 +151,44 @@ def test_rendered_tfjob_with_checkpoint_uri_writes_and_resumes_there(data_dir, t
     assert codes == [0, 0], lines[-4000:]
     assert "resumed from" in lines and "at step 40" in lines
     assert rank_summaries(Path(storage.local_path(uri)))[0]["start_step"] == 40
+
+
+def test_a_lost_ps_pod_exits_retryable_and_the_restarted_pods_resume(data_dir, tmp_path):
+    """The PS pod is killed (SIGKILL, as a node loss does) after the checkpoint at step 20: every
+    worker exits with a code the rendered ``restartPolicy: ExitCode`` retries (128-255), and the
+    pod set the operator starts again resumes from that checkpoint and finishes."""
+    import signal
+
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.steps=2000",
+                                                  "train.checkpoint_every=20", "data.tasks_per_batch=8",
+                                                  "train.log_every=20"])
+    configmap, tfjob = render_manifests(cfg, image="gmeta-tf:test", workers=2, ps=1, gpus_per_worker=0,
+                                        name="emu-fault", checkpoint_pvc="ckpt", data=str(data_dir))
+    policy = {tfjob["spec"]["tfReplicaSpecs"][r]["restartPolicy"] for r in ("PS", "Worker")}
+    assert policy == {"ExitCode"}
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    mounts = {"/etc/gmeta": str(tmp_path / "etc-gmeta"), "/ckpt": str(ckpt_dir)}
+    run_dir = ckpt_dir / "emu-fault"
+
+    def kill_ps_after_checkpoint_20(pods):
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "ckpt-00000020" / "meta.json").exists():
+            assert time.monotonic() < deadline, "no checkpoint at step 20"
+            time.sleep(0.2)
+        (ps,) = [p for p in pods if p.name == "ps-0"]
+        os.kill(ps.proc.pid, signal.SIGKILL)
+
+    codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=kill_ps_after_checkpoint_20)
+    assert all(128 <= c <= 255 for c in codes), (codes, lines[-4000:])  # ExitCode retries these
+    assert "lost ps:0" in lines, lines[-4000:]
+    done = max(int(p.name[5:13]) for p in (run_dir / "checkpoints").glob("ckpt-*") if (p / "meta.json").exists())
+    # the operator's restart: the same pods again (a PS with no tables), the same run directory
+    configmap["data"]["config.yaml"] = configmap["data"]["config.yaml"].replace("steps: 2000", f"steps: {done + 20}")
+    codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts)
+    assert codes == [0, 0], lines[-4000:]
+    assert f"at step {done}" in lines, lines[-4000:]
+    assert rank_summaries(run_dir)[0]["last_step"] == done + 20
 
 
 def test_entrypoint_rejects_missing_or_bad_tf_config(tmp_path):
