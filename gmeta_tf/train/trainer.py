@@ -23,7 +23,6 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
-import gmeta_tf  # noqa: F401
 from gmeta_tf import storage
 from gmeta_tf.config.loader import dump_config
 from gmeta_tf.config.schema import Config

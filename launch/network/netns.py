@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from gmeta_tf.errors import NetworkEmulationError
+from gmeta_tf.process import pid_alive
 from launch.network import watchdog
 from launch.network.profile import LinkProfile, format_rate
 
@@ -93,16 +94,6 @@ def list_namespaces() -> List[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale(log=lambda msg: None) -> List[str]:
     """Delete every ``gm-<pid>-...`` namespace whose owner pid is dead (a launcher killed with
     SIGKILL whose watchdog was killed too). Returns the names removed. Assumes one pid namespace
@@ -110,13 +101,13 @@ def sweep_stale(log=lambda msg: None) -> List[str]:
     removed = []
     for name in list_namespaces():
         m = _NS_NAME.match(name)
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             watchdog.kill_inside([name], grace_s=2.0)
             _delete_ns(name)
             removed.append(name)
     for name in os.listdir(ETC_NETNS) if os.path.isdir(ETC_NETNS) else []:
         m = _NS_NAME.match(name)  # a hosts file whose namespace is already gone
-        if m and not _pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))):
             shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
     if removed:
         log(f"[network] removed {len(removed)} stale namespace(s) of dead launchers: {', '.join(removed)}")
