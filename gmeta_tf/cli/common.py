@@ -8,13 +8,14 @@ printed as one clear line with exit code 2 instead of a stack trace.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import click
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import Config, ConfigError
-from gmeta_tf.errors import UserError
+from gmeta_tf.errors import Preempted, UserError
 
 
 def config_options(f):
@@ -45,6 +46,12 @@ def friendly_errors(f):
             return f(*args, **kwargs)
         except (UserError, ConfigError) as e:
             click.echo(f"error: {e}", err=True)
+            if isinstance(e, Preempted):
+                # Everything is saved; Horovod's exit-time shutdown would wait for peers that have
+                # already gone, holding the pod until the grace period's SIGKILL.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(e.exit_code)
             sys.exit(getattr(e, "exit_code", 2))
     return wrapper
 

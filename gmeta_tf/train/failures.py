@@ -16,6 +16,8 @@ id), so the next request fails instead of training against empty tables
 from __future__ import annotations
 
 import re
+import time
+from typing import List
 
 import tensorflow as tf
 
@@ -44,6 +46,18 @@ def is_peer_failure(e: Exception, rt: Runtime) -> bool:
     return True
 
 
+def down_ps(rt: Runtime, settle_s: float = 2.0) -> List[int]:
+    """The PS tasks that refuse connections. A PS killed a moment ago can still accept one while
+    the kernel tears the process down (a PS holding large tables takes a while to die), so when
+    every PS answers, they are asked once more after ``settle_s``: only a PS that answers both
+    times is up (or, after a failed step, was restarted)."""
+    down = [t for t, addr in enumerate(rt.ps_addresses) if not reachable(addr)]
+    if down or not rt.ps_addresses:
+        return down
+    time.sleep(settle_s)
+    return [t for t, addr in enumerate(rt.ps_addresses) if not reachable(addr)]
+
+
 def _cause(e: Exception) -> str:
     text = getattr(e, "message", None) or str(e)
     return (tf_error_first_cause(text) or type(e).__name__)[:300]
@@ -59,7 +73,7 @@ def step_failure_error(e: Exception, rt: Runtime, step: int) -> ClusterFaultErro
     answering and the failure inside a collective, the peer ranks are named instead.
     """
     text = str(e)
-    if rt.size < 2 or not _COLLECTIVE.search(text) or not all(reachable(a) for a in rt.ps_addresses):
+    if rt.size < 2 or not _COLLECTIVE.search(text) or down_ps(rt):
         return lost_ps_error(e, rt, step)
     peers = [r for r in range(rt.size) if r != rt.rank]
     who = f"worker rank {peers[0]}" if len(peers) == 1 else "one of worker ranks " + ", ".join(map(str, peers))
@@ -78,7 +92,7 @@ def lost_ps_error(e: Exception, rt: Runtime, step: int) -> ClusterFaultError:
     this worker's context on it is gone): that is said, with TensorFlow's own cause.
     """
     text = str(e)
-    down = [t for t, addr in enumerate(rt.ps_addresses) if not reachable(addr)]
+    down = down_ps(rt)
     tasks = down or ps_tasks_named(text)
     named = [f"ps:{t} ({rt.ps_addresses[t]})" for t in tasks if t < len(rt.ps_addresses)]
     who = ", ".join(named) or "a parameter server (" + ", ".join(rt.ps_addresses) + ")"
