@@ -187,6 +187,11 @@ class ModelConfig:
     # ``none``: the pointwise loss alone. ERM's loss is unaffected.
     ranking_loss: Literal["none", "listnet", "pairwise"] = "none"
     ranking_loss_weight: float = 1.0
+    # A meta-learner's adapted user also gains its support residuals on the query items most like
+    # the items they were on (item neighbourhood with learned keys and attention,
+    # gmeta_tf/meta/neighbourhood.py); keys ``neighbourhood_dim`` wide. ERM runs ignore it.
+    neighbourhood: bool = False
+    neighbourhood_dim: int = 16
     # ``{table: N}``: keep at most N rows in that table (continuous training on ever newer ids).
     # After every step the least-updated rows beyond N go, with their optimizer slots
     # (``EmbeddingTable.evict``; TFRA's FrequencyRestrictPolicy counts the updates, and the counts
@@ -222,6 +227,7 @@ class ModelConfig:
         _require(self.embedding_dim >= 1, "model.embedding_dim", "must be >= 1")
         _require(self.embedding_l2 >= 0, "model.embedding_l2", f"must be >= 0, got {self.embedding_l2}")
         _require(self.ranking_loss_weight >= 0, "model.ranking_loss_weight", f"must be >= 0, got {self.ranking_loss_weight}")
+        _require(self.neighbourhood_dim >= 1, "model.neighbourhood_dim", f"must be >= 1, got {self.neighbourhood_dim}")
         for key in ("bottom_mlp", "top_mlp"):
             sizes = getattr(self, key)
             _require(all(int(s) >= 1 for s in sizes), f"model.{key}", f"layer sizes must be >= 1, got {sizes}")
