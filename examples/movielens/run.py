@@ -243,8 +243,8 @@ def bands(pooled: Dict[int, object], boot, learner: str | None) -> Dict:
     """``{metric: {n: {best, best_value, rows: {name: {diff, ci_low, ci_high}}}}}``: at each support
     size, the best of ``PLOTTED`` (the baselines, ERM fine-tuned among them) and every plotted
     scorer's paired difference from it, with its interval (0 for the best itself)."""
-    from gmeta_tf.evaluation import paired
     from gmeta_tf.config.schema import metric_direction
+    from gmeta_tf.evaluation import paired
 
     out: Dict = {}
     for metric in PLOT_METRICS:
