@@ -87,7 +87,7 @@ profile: install
 
 # The MovieLens cold-start comparison (examples/movielens): model quality, not speed.
 quality: install
-	$(PY) examples/movielens/run.py --out runs/movielens --json bench/quality.json
+	$(PY) examples/movielens/run.py --out runs/movielens --json bench/quality.json --plot bench/quality.png
 
 lint: install
 	$(VENV)/bin/ruff check gmeta_tf ps launch bench tests

@@ -153,11 +153,12 @@ RUNS = {
     # The MovieLens example's data features: target encoding of the item (prepared with it) and
     # rare items and tags pooled into RARE_ID; k chosen so that some test ids are rare.
     # Also its recency-weighted, least-absolute-deviations support fit (meta.support_half_life,
-    # learned; meta.support_loss) and absolute outer loss.
+    # learned; meta.support_loss) and absolute outer loss, and its neighbourhood head
+    # (model.neighbourhood), so the export's scores with the head are checked against gmeta eval's.
     "rating_te_rare": ("rating_te", ["meta.algo=fomaml", "meta.adapt=head", "meta.inner_solver=newton",
                                      "meta.ridge_lambda=5.0", "meta.learn_ridge_lambda=true",
                                      "meta.support_half_life=4", "model.rating_loss=absolute",
-                                     "meta.support_loss=absolute",
+                                     "meta.support_loss=absolute", "model.neighbourhood=true",
                                      "train.eval_every=5", "data.min_id_count.item_id=3",
                                      "data.min_id_count.item_tags=3"]),
 }

@@ -44,3 +44,34 @@ def test_only_training_batches_are_re_dealt(csv_data, csv_cfg, tmp_path):
 
     assert not np.array_equal(first(cfg, "train", True), first(fixed, "train", True))
     np.testing.assert_array_equal(first(cfg, "test", False), first(fixed, "test", False))
+
+
+def test_drawn_support_sizes_are_uniform_subsets_and_seeded(csv_data, csv_cfg, tmp_path, split_table):
+    rows = csv_data.rows(n_users=12, per_user=12)
+    prepare([str(csv_data.write(tmp_path / "in.csv", rows))], str(tmp_path / "out"), csv_cfg)
+    rb = split_table(tmp_path / "out", "train").to_batches()[0]
+    full = episodes.resample(rb, np.random.default_rng(0))
+    sizes = []
+    for seed in range(20):
+        out = episodes.resample(rb, np.random.default_rng(seed), draw_support=4)
+        for t in range(rb.num_rows):
+            k = len(out.column("support.label")[t])
+            sizes.append(k)
+            assert 1 <= k <= min(4, len(full.column("support.label")[t]))
+            assert len(out.column("query.label")[t]) == len(rb.column("query.label")[t])
+            # what it keeps are the task's own samples, features still aligned
+            assert set(_samples(out, t)) <= set(_samples(rb, t))
+    assert set(sizes) == {1, 2, 3, 4}  # every size in 1..S is drawn
+    assert abs(np.mean(sizes) - 2.5) < 0.3
+    again = episodes.resample(rb, np.random.default_rng(3), draw_support=4)
+    assert again.equals(episodes.resample(rb, np.random.default_rng(3), draw_support=4))  # resume redraws
+
+
+def test_support_draw_needs_resampled_episodes():
+    import pytest
+
+    from gmeta_tf.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="data.support_size_draw"):
+        DataConfig(support_size_draw="uniform")
+    DataConfig(support_size_draw="uniform", episodes="resample")

@@ -154,6 +154,7 @@ def test_manifest_and_layout(exported):
         assert manifest["adaptation"]["support_half_life"] != half_life
     else:
         assert manifest["adaptation"]["support_half_life"] is None
+    assert manifest["adaptation"]["neighbourhood"] == load_config(extra / "config.yaml").model.neighbourhood
 
 
 def _cli(*args, timeout=TIMEOUT):

@@ -77,3 +77,42 @@ def test_eval_compare_help_names_the_confidence_setting():
 
     out = CliRunner().invoke(eval_cmd, ["--help"], terminal_width=200).output
     assert "eval.bootstrap_confidence" in out and "95%" not in out
+
+
+def test_bands_pair_every_plotted_line_with_the_best_baseline_and_the_plot_draws_them(run, tmp_path):
+    import numpy as np
+
+    from gmeta_tf.evaluation.per_task import TaskScores
+
+    rng = np.random.default_rng(0)
+    users = 40
+    err = {"fomaml": 0.6, "erm_finetune": 0.7, "item_mean_user_bias": 0.72, "item_mean": 0.8}
+    gain = {"fomaml": 0.76, "erm_finetune": 0.74, "item_mean_user_bias": 0.75, "item_mean": 0.75}
+
+    def scores(shift):
+        s = TaskScores("rating", [f"u{i}" for i in range(users)], {}, {})
+        for name in err:
+            n = np.full(users, 10.0)
+            s.scorers[name] = {"mae": (n * (err[name] + shift + rng.normal(0, 0.05, users)), n),
+                               "ndcg_at_5": (gain[name] + rng.normal(0, 0.05, users), np.ones(users))}
+        return s
+
+    pooled = {5: scores(0.05), 50: scores(0.0)}
+    boot = Bootstrap(resamples=200)
+    out = run.bands(pooled, boot, "fomaml")
+    for n, s in pooled.items():
+        mae = out["mae"][str(n)]
+        assert mae["best"] == "erm_finetune"  # the best of the baselines, the meta-learner not among them
+        assert mae["rows"]["erm_finetune"] == {"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+        d = mae["rows"]["fomaml"]
+        assert d["diff"] == pytest.approx(s.metric("fomaml", "mae") - s.metric("erm_finetune", "mae"))
+        assert d["ci_low"] <= d["diff"] <= d["ci_high"] < 0
+        best = max(("erm_finetune", "item_mean_user_bias", "item_mean"), key=lambda b: s.metric(b, "ndcg_at_5"))
+        assert out["ndcg_at_5"][str(n)]["best"] == best
+    pytest.importorskip("matplotlib")
+    spec = importlib.util.spec_from_file_location("movielens_plot", RUN_PY.with_name("plot.py"))
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    png = tmp_path / "q.png"
+    plot.draw({"bands": out, "bootstrap": boot.to_json(), "users": users, "split": "test"}, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

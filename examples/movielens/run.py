@@ -13,7 +13,8 @@ users, with a bootstrap interval (``gmeta_tf/evaluation/paired.py``).
     python examples/movielens/run.py --out runs/search --folds 0,1 --split valid --models fomaml \\
         --supports 10,50 --set meta.irls_steps=1      # a quick, valid-only look at a change
 
-``make quality`` runs the first line and writes ``bench/quality.json``.
+``make quality`` runs the first line and writes ``bench/quality.json`` and ``bench/quality.png``
+(``plot.py``; ``--plot``).
 """
 from __future__ import annotations
 
@@ -233,6 +234,40 @@ def summarize(pooled: Dict[int, object], boot, names: Sequence[str]) -> Dict:
     return out
 
 
+# What ``bench/quality.png`` draws (``plot.py``): the shipped meta-learner and these, per metric.
+PLOTTED = ["erm_finetune", "item_mean_user_bias", "item_mean"]
+PLOT_METRICS = ["mae", "ndcg_at_5"]
+
+
+def bands(pooled: Dict[int, object], boot, learner: str | None) -> Dict:
+    """``{metric: {n: {best, best_value, rows: {name: {diff, ci_low, ci_high}}}}}``: at each support
+    size, the best of ``PLOTTED`` (the baselines, ERM fine-tuned among them) and every plotted
+    scorer's paired difference from it, with its interval (0 for the best itself)."""
+    from gmeta_tf.config.schema import metric_direction
+    from gmeta_tf.evaluation import paired
+
+    out: Dict = {}
+    for metric in PLOT_METRICS:
+        per_n: Dict = {}
+        for n, scores in pooled.items():
+            names = [m for m in [learner, *PLOTTED] if m and m in scores.scorers]
+            refs = [b for b in PLOTTED if b in scores.scorers]
+            if not refs:
+                continue
+            sign = metric_direction(metric) or -1  # +1: higher is better
+            best = max(refs, key=lambda b: sign * scores.metric(b, metric))
+            rows = {}
+            for name in names:
+                if name == best:
+                    rows[name] = {"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+                else:
+                    d = paired.compare(scores, name, best, boot, [metric])[metric]
+                    rows[name] = {k: d[k] for k in ("diff", "ci_low", "ci_high")}
+            per_n[str(n)] = {"best": best, "best_value": scores.metric(best, metric), "rows": rows}
+        out[metric] = per_n
+    return out
+
+
 def targets(by_support: Dict, learner: str) -> Dict:
     """The issue's targets, read off ``by_support`` for the shipped meta-learner: MAE at least 3%
     below the better (on these users) of ERM fine-tuned and item mean + user bias at support <= 50
@@ -298,6 +333,7 @@ def run(out: Path, overrides: Sequence[str] = (), *, folds: Sequence[int] = tupl
               "seconds": round(time.perf_counter() - t0, 1)}
     if learner:
         report["targets"] = targets(by_support, learner)
+    report["bands"] = bands(pooled, boot, learner)
     log("")
     log(format_quality(report))
     return report
@@ -332,6 +368,8 @@ def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="runs/movielens", type=Path)
     p.add_argument("--json", default=None, type=Path, help="also write the comparison here (bench/quality.json)")
+    p.add_argument("--plot", default=None, type=Path,
+                   help="also draw MAE and nDCG@5 against the support size here (bench/quality.png)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--folds", default=None, metavar="0,1",
                    help=f"run only these of the {FOLDS} folds (a quick look; the headline runs all)")
@@ -355,6 +393,11 @@ def main(argv: List[str] | None = None) -> None:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}")
+    if a.plot:
+        from plot import draw
+
+        draw(report, a.plot)
+        print(f"wrote {a.plot}")
 
 
 if __name__ == "__main__":

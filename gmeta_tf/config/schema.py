@@ -132,6 +132,11 @@ class DataConfig:
     # ``resample``: re-dealt at random each epoch (gmeta_tf/metaio/episodes.py), so every sample
     # is a query target over the epochs. Valid and test splits always keep the prepared split.
     episodes: Literal["fixed", "resample"] = "fixed"
+    # ``uniform``: with ``episodes: resample``, each training task keeps k of its re-dealt support
+    # samples, k drawn uniformly from 1..``support`` per task and epoch (episodes.py), so training
+    # sees the few-shot supports a cold user is scored with. ``none``: every support as full as
+    # the task allows. Valid and test are never drawn.
+    support_size_draw: Literal["none", "uniform"] = "none"
     # ``{feature: k}``: ids of a categorical / multi-hot feature seen fewer than k times in the
     # train split are read as one shared ``task_format.RARE_ID`` (``metaio/rare_ids.py``), so
     # rare items share one trained embedding row instead of each memorising a few users. The
@@ -145,6 +150,10 @@ class DataConfig:
             _require(getattr(self, key) >= 1, f"data.{key}", f"must be >= 1, got {getattr(self, key)}")
         _require(self.shuffle_buffer >= 0, "data.shuffle_buffer", "must be >= 0")
         _require(self.prefetch >= 0, "data.prefetch", "must be >= 0")
+        _require(self.support_size_draw in ("none", "uniform"), "data.support_size_draw",
+                 f"must be one of none, uniform, got {self.support_size_draw!r}")
+        _require(self.support_size_draw == "none" or self.episodes == "resample", "data.support_size_draw",
+                 "draws from re-dealt episodes: set data.episodes: resample too")
 
 
 # ``model.fuse_tables``' values, checked here only (``ModelConfig``); ``fused.resolve`` decides ``auto``.
@@ -178,6 +187,11 @@ class ModelConfig:
     # ``none``: the pointwise loss alone. ERM's loss is unaffected.
     ranking_loss: Literal["none", "listnet", "pairwise"] = "none"
     ranking_loss_weight: float = 1.0
+    # A meta-learner's adapted user also gains its support residuals on the query items most like
+    # the items they were on (item neighbourhood with learned keys and attention,
+    # gmeta_tf/meta/neighbourhood.py); keys ``neighbourhood_dim`` wide. ERM runs ignore it.
+    neighbourhood: bool = False
+    neighbourhood_dim: int = 16
     # ``{table: N}``: keep at most N rows in that table (continuous training on ever newer ids).
     # After every step the least-updated rows beyond N go, with their optimizer slots
     # (``EmbeddingTable.evict``; TFRA's FrequencyRestrictPolicy counts the updates, and the counts
@@ -213,6 +227,7 @@ class ModelConfig:
         _require(self.embedding_dim >= 1, "model.embedding_dim", "must be >= 1")
         _require(self.embedding_l2 >= 0, "model.embedding_l2", f"must be >= 0, got {self.embedding_l2}")
         _require(self.ranking_loss_weight >= 0, "model.ranking_loss_weight", f"must be >= 0, got {self.ranking_loss_weight}")
+        _require(self.neighbourhood_dim >= 1, "model.neighbourhood_dim", f"must be >= 1, got {self.neighbourhood_dim}")
         for key in ("bottom_mlp", "top_mlp"):
             sizes = getattr(self, key)
             _require(all(int(s) >= 1 for s in sizes), f"model.{key}", f"layer sizes must be >= 1, got {sizes}")

@@ -27,6 +27,7 @@ from gmeta_tf.embedding.lookup import lookup_batch
 from gmeta_tf.evaluation import baselines, metrics, per_task, ranking
 from gmeta_tf.evaluation.baselines import TaskItems
 from gmeta_tf.evaluation.per_task import TaskScores
+from gmeta_tf.meta import neighbourhood
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
 from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.adaptable import AdaptableModel
@@ -44,15 +45,14 @@ def query_predictions(model: AdaptableModel, cfg: Config, batch: dict, *, steps:
                           trainable=False, per_task=spec.adapt_embeddings)
     fast = initial_fast_weights(model, sparse, spec.adapted, tf.shape(batch["task_mask"])[0])
     q = batch["query"]
-
-    def score(f):
-        s = model.tower.forward(f.dense, q["dense"], f.sparse.embed("query"))
-        return predictions(model.kind, model.unscale(s))
-
-    before = score(fast)
+    s = model.tower.forward(fast.dense, q["dense"], fast.sparse.embed("query"))
+    before = predictions(model.kind, model.unscale(s))
     if steps > 0:
         fast = adapt(model, fast, batch, spec)
-    return before, score(fast)
+    else:  # not adapted: nothing of the support reaches the query, the neighbourhood term neither
+        return before, before
+    # After adapting, as trained: the head's scores plus the neighbourhood term (when the model has one).
+    return before, predictions(model.kind, model.unscale(neighbourhood.adapted_scores(model, fast.dense, batch, fast.sparse)))
 
 
 def _batch_items(batch: dict, item: Optional[str]) -> Dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ from gmeta_tf.errors import CheckpointError
 from gmeta_tf.export.checkpoint_reader import read_dense, read_table
 from gmeta_tf.export.input_transforms import InputTransforms
 from gmeta_tf.export.static_table import StaticTable
+from gmeta_tf.meta import neighbourhood
 from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, SUPPORT_HALF_LIFE, add_ridge_prior, add_support_recency
 from gmeta_tf.metaio.decode import layout_from_schema
 from gmeta_tf.model.adaptable import TowerModel, label_scaling
@@ -56,11 +57,13 @@ class FrozenModel(tf.Module, TowerModel):
         return (dense - self.dense_mean) * self.dense_inv_std
 
     def _load_dense(self, ckpt_dir: str) -> None:
-        got = read_dense(ckpt_dir, [*self.tower.variables, RIDGE_PRIOR, SUPPORT_HALF_LIFE])
+        got = read_dense(ckpt_dir, [*self.tower.variables, RIDGE_PRIOR, SUPPORT_HALF_LIFE, *neighbourhood.NAMES])
         if RIDGE_PRIOR in got:  # the run learned its Newton head's λ (meta.learn_ridge_lambda)
             add_ridge_prior(self, 1.0)
         if SUPPORT_HALF_LIFE in got:  # and its support recency (meta.support_half_life)
             add_support_recency(self, 1.0)
+        if neighbourhood.KEY in got:  # and its neighbourhood head (model.neighbourhood)
+            neighbourhood.add_neighbourhood(self, int(got[neighbourhood.KEY].shape[1]))
         for name, var in self.tower.variables.items():
             value = got.get(name)
             if value is None or tuple(value.shape) != tuple(var.shape):

@@ -20,6 +20,7 @@ from gmeta_tf.evaluation.evaluate import adaptation
 from gmeta_tf.export.frozen_model import FrozenModel
 from gmeta_tf.export.signatures import OUTPUT_GROUPS, Input, label_rule
 from gmeta_tf.export_format import ExportRecord, SignatureDecl
+from gmeta_tf.meta import neighbourhood
 from gmeta_tf.meta.inner_loop import RIDGE_PRIOR, SUPPORT_HALF_LIFE
 
 OUTPUTS = {
@@ -72,7 +73,9 @@ def export_manifest(model: FrozenModel, cfg: Config, schema: dict, inputs: Dict[
                     else cfg.meta.ridge_lambda,
                     # the support must come oldest first: the newest samples weigh most
                     "support_half_life": (math.exp(float(model.dense_variables[SUPPORT_HALF_LIFE].numpy()[0]))
-                                          if SUPPORT_HALF_LIFE in model.dense_variables else None)},
+                                          if SUPPORT_HALF_LIFE in model.dense_variables else None),
+                    # model.neighbourhood: the query also gains the support residuals of similar items
+                    "neighbourhood": neighbourhood.KEY in model.dense_variables},
         tables={t.name: {"rows": int(t.ids.shape[0]), "dim": t.dim} for t in model.tables},
         source={"run": run_dir, "checkpoint": checkpoint, "step": step,
                 "data": {"path": cfg.data.path, "fingerprint": fmt.schema_fingerprint(schema)}},

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from gmeta_tf.config.schema import ConfigError, MetaConfig
 from gmeta_tf.embedding.lookup import SparseState
+from gmeta_tf.meta import neighbourhood
 from gmeta_tf.model.adaptable import AdaptableModel
 from gmeta_tf.model.heads import per_task_loss, per_task_ranking_loss
 
@@ -88,11 +89,12 @@ def task_losses(model: AdaptableModel, fast: FastWeights, batch: dict, which: st
 
 
 def outer_losses(model: AdaptableModel, fast: FastWeights, batch: dict) -> tf.Tensor:
-    """Per-task outer objective ``[T]`` on the query under the adapted ``fast`` weights: the
+    """Per-task outer objective ``[T]`` on the query under the adapted ``fast`` weights (with the
+    neighbourhood term when the model has one, ``neighbourhood.adapted_scores``): the
     model's pointwise ``outer_loss`` plus ``model.ranking_loss_weight`` × its ranking loss on the
     task's query order (``heads.per_task_ranking_loss``; ``model.ranking_loss: none`` adds 0)."""
     part = batch["query"]
-    scores = model.tower.forward(fast.dense, part["dense"], fast.sparse.embed("query"))
+    scores = neighbourhood.adapted_scores(model, fast.dense, batch, fast.sparse)
     labels = model.scale_labels(part["label"])
     loss = per_task_loss(model.kind, scores, labels, part["mask"], model.outer_loss)
     how, weight = getattr(model, "ranking_loss", ("none", 0.0))

@@ -22,7 +22,7 @@ per-(seed, epoch, file) generator, so a resumed run re-deals exactly as before.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -37,8 +37,13 @@ def _sample_columns(names: List[str]) -> List[str]:
     return sorted(support & query)
 
 
-def resample(rb: pa.RecordBatch, rng: np.random.Generator) -> pa.RecordBatch:
-    """Each task's support + query samples, shuffled, dealt back with the same query size."""
+def resample(rb: pa.RecordBatch, rng: np.random.Generator, draw_support: Optional[int] = None) -> pa.RecordBatch:
+    """Each task's support + query samples, shuffled, dealt back with the same query size.
+
+    ``draw_support`` = S (``data.support_size_draw: uniform``): each task keeps only k of its
+    re-dealt support samples, k drawn uniformly from 1..S per task (at most what it has). A cold
+    user is scored with 5 to 50 ratings, but a support always filled to S trains the head only
+    for the full one; the draw shows it the few-shot regime too. The query is unchanged."""
     n = rb.num_rows
     if n == 0:
         return rb
@@ -59,9 +64,13 @@ def resample(rb: pa.RecordBatch, rng: np.random.Generator) -> pa.RecordBatch:
     order = np.lexsort((rng.random(task.size), task))
     src = src[order]
     is_query = pos < q_len[task]  # after the shuffle, the first q_len of each task are the query
+    is_support = ~is_query
+    if draw_support is not None:  # drawn after the shuffle: the same generator, so a resume redraws it
+        s_len = np.minimum(s_len, rng.integers(1, int(draw_support) + 1, size=n))
+        is_support = is_support & (pos < q_len[task] + s_len[task])
     new_q_off = np.concatenate([[0], np.cumsum(q_len)]).astype(np.int32)
     new_s_off = np.concatenate([[0], np.cumsum(s_len)]).astype(np.int32)
-    q_idx, s_idx = pa.array(src[is_query]), pa.array(src[~is_query])
+    q_idx, s_idx = pa.array(src[is_query]), pa.array(src[is_support])
 
     arrays, names = [], []
     replaced = {}

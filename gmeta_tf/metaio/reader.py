@@ -152,9 +152,11 @@ def batch_signature(schema: dict, cfg: DataConfig) -> Dict[str, object]:
 # --------------------------------------------------------------------------------------------
 # the pipeline
 # --------------------------------------------------------------------------------------------
-def _file_dataset(layout: decode.BlockLayout, shuffle: bool, base_seed: int, resample: bool = False):
+def _file_dataset(layout: decode.BlockLayout, shuffle: bool, base_seed: int, resample: bool = False,
+                  draw_support: Optional[int] = None):
     """``(file, epoch, index) -> Dataset`` of decoded blocks of one Parquet file; ``resample``
-    re-deals every task's support / query each epoch (``episodes.resample``)."""
+    re-deals every task's support / query each epoch (``episodes.resample``), keeping a drawn
+    number of support samples per task when ``draw_support`` is set."""
     columns = layout.columns()
     block_spec = _signature(layout, None)
     no_dense = layout.dense_dim == 0
@@ -179,7 +181,7 @@ def _file_dataset(layout: decode.BlockLayout, shuffle: bool, base_seed: int, res
             if rb.num_rows == 0:
                 continue
             if resample:
-                rb = episodes.resample(rb, rng)
+                rb = episodes.resample(rb, rng, draw_support)
             block = decode.decode_block(rb, layout, path)
             if shuffle:
                 block = decode.take(block, rng.permutation(rb.num_rows))
@@ -239,7 +241,9 @@ def make_dataset(
     cycle = max(1, min(cfg.parallel_reads, len(mine)))
     seed = int(cfg.seed) + int(rank)
     shuffle = training and cfg.shuffle_buffer > 0
-    make = _file_dataset(layout, shuffle, seed, resample=training and cfg.episodes == "resample")
+    resample = training and cfg.episodes == "resample"
+    make = _file_dataset(layout, shuffle, seed, resample=resample,
+                         draw_support=cfg.support if resample and cfg.support_size_draw == "uniform" else None)
     n_files = len(mine)
     files_t = tf.constant(mine)
 

@@ -25,6 +25,10 @@ def build_model(cfg: Config, schema: dict, rt: Runtime) -> DLRM:
         from gmeta_tf.meta.inner_loop import add_support_recency
 
         add_support_recency(model, cfg.meta.support_half_life)
+    if cfg.model.neighbourhood and cfg.meta.algo != "erm":
+        from gmeta_tf.meta.neighbourhood import add_neighbourhood
+
+        add_neighbourhood(model, cfg.model.neighbourhood_dim, seed=cfg.model.seed)
     return model
 
 
