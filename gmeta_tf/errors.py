@@ -73,10 +73,18 @@ def tf_error_cause(message: str) -> str:
     return re.sub(r"\s*\[\[\{\{node .*", "", cause).strip()
 
 
+_ONE_OF_MANY = re.compile(r"^\s+\(\d+\)\s+(?:[A-Z_]+:\s+)?(\S.*)$")
+_TF_COUNTS = re.compile(r"^\d+ (root error\(s\) found|successful operations)\.?\s*$")
+
+
 def tf_error_first_cause(message: str) -> str:
     """The first line of ``tf_error_cause``: for a one-line log message, where the rest of the
     text (the ops and devices a failed RPC was serving) adds length, not a reason."""
     for line in message.splitlines():
-        if not _TF_NOISE.match(line):
-            return re.sub(r"\s*\[\[\{\{node .*", "", line).strip()
+        many = _ONE_OF_MANY.match(line)  # "2 root error(s) found." lists each as "  (0) CODE: text"
+        if many:
+            line = many.group(1)
+        elif _TF_NOISE.match(line) or _TF_COUNTS.match(line):
+            continue
+        return re.sub(r"\s*\[\[\{\{node .*", "", line).strip().rstrip(".")
     return tf_error_cause(message)

@@ -174,3 +174,14 @@ def test_a_second_signal_or_the_grace_period_ends_a_stuck_preemption():
         assert proc.returncode == EXIT_PREEMPTED, proc.stdout + proc.stderr
         assert time.monotonic() - t0 < most
         assert ("grace period" in proc.stdout) if grace == 1.0 else ("second stop signal" in proc.stdout), proc.stdout
+
+
+def test_the_first_cause_of_several_root_errors_is_named():
+    """What rank 1 printed in `make bench`'s PS kill before this: "lost ps:0 (...) at step 66:
+    2 root error(s) found.." -- TensorFlow's count, not a cause."""
+    from gmeta_tf.errors import tf_error_first_cause
+
+    text = ("Graph execution error:\n\n2 root error(s) found.\n  (0) UNAVAILABLE:  Connection reset by peer\n"
+            "\t [[{{node gmeta_train_step/lookup}}]]\n  (1) UNAVAILABLE:  Socket closed\n0 successful operations.\n")
+    assert tf_error_first_cause(text) == "Connection reset by peer"
+    assert tf_error_first_cause("Socket closed\n while running /job:ps/replica:0/task:0") == "Socket closed"
