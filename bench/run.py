@@ -129,7 +129,7 @@ def bench_faults(results: Dict) -> None:
 def bench_network(results: Dict) -> None:
     from bench.network import measure
 
-    results["network"] = measure()
+    results["network"] = measure(WORK / "network")
 
 
 def bench_export(results: Dict) -> None:

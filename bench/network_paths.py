@@ -1,0 +1,169 @@
+"""The paths of the ``network`` bench section: tasks/s and bytes on the wire under emulated links.
+
+Every point is one 2-worker + 2-PS job on emulated hosts (launch/emulated_hosts.py: each PS and
+each worker in its own network namespace, started TFJob-style), on the hot split's Zipf 1.2 data
+(bench/hot_split.py), so the default path and the hot split read the same batches.
+
+What is counted, and why this way:
+
+* **the window**: the job's start-up (TF imports, graph registration on the PS, the first
+  tracing step) is not what a link rate changes, and on 2 cores it dwarfs a short run. So the
+  launcher watches worker 0's log and snapshots each host's link counters when it logs step
+  ``FIRST`` and again at step ``STEPS``: tasks/s and bytes are of those steps only;
+* **bytes on the wire**: each host's ``eth0`` counters (``ip -s link`` in its namespace: what
+  the veth carried, Ethernet frames with their headers, both directions). A PS host carries only
+  PS traffic; the workers' links carry PS traffic plus the all-reduce between workers, so
+  ``allreduce_bytes_per_step = (sum over workers - sum over PS) / 2`` (each worker-to-worker
+  byte crosses two worker links);
+* **wait share**: the part of the step the link adds, ``1 - step_s(unshaped) / step_s(profile)``
+  against the same path on the unshaped emulated hosts (``bridge``); ``link_busy_share`` is the
+  busiest host's bytes per step over its link rate, divided by the step: the least time the
+  link must spend per step. The in-process lookup/apply timing of bench/distributed.py needs a
+  Horovod rank under horovodrun, which these hosts do not run.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+PER_WORKER_T = 16
+WORKERS, PS = 2, 2
+FIRST, STEPS = 40, 160  # the measured window: worker 0's steps FIRST..STEPS
+LOG_EVERY = 20
+HOT_BUDGET = "2MiB"  # bench/hot_split.py's BUDGET
+PATHS: Dict[str, List[str]] = {
+    "default": ["hot.budget=0"],  # fused tables, one request per PS
+    "per_table": ["hot.budget=0", "model.ps_requests=per_table", "model.fuse_tables=false"],  # TFRA's own
+    "unfused": ["hot.budget=0", "model.fuse_tables=false"],  # one request per PS, one table each
+    "hot_split": [f"hot.budget={HOT_BUDGET}"],
+}
+UNSHAPED = "bridge"
+PROFILES = (UNSHAPED, "rate=1gbit", "rate=100mbit", "rate=20mbit")
+_STEP = re.compile(r"\[worker0\].*\bstep (\d+)/(\d+) ")
+
+
+def profile_key(profile: str) -> str:
+    """``rate=100mbit`` -> ``100mbit`` (the results key); a named profile keeps its name."""
+    return profile.split("=", 1)[1] if profile.startswith("rate=") else profile
+
+
+def link_bytes(ns: str, dev: str = "eth0") -> int:
+    """Bytes ``dev`` in namespace ``ns`` sent plus received (Ethernet frames, headers included)."""
+    out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev], capture_output=True,
+                         text=True, check=True, timeout=30).stdout
+    stats = json.loads(out)[0]["stats64"]
+    return int(stats["rx"]["bytes"]) + int(stats["tx"]["bytes"])
+
+
+@dataclass
+class _Window:
+    """Link counters of every host at worker 0's steps FIRST and STEPS."""
+    hosts: Dict[str, str]  # host -> namespace
+    marks: Dict[int, float] = field(default_factory=dict)  # step -> monotonic time
+    counters: Dict[int, Dict[str, int]] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def on_line(self, line: str) -> None:
+        m = _STEP.search(line)
+        if not m:
+            return
+        step = int(m.group(1))
+        if step in (FIRST, STEPS) and step not in self.marks:
+            self.marks[step] = time.monotonic()
+            self.counters[step] = {h: link_bytes(ns) for h, ns in self.hosts.items()}
+            if step == STEPS:
+                self.done.set()
+
+
+def _entrypoint_args(data: str, out: Path, sets: Sequence[str]) -> List[str]:
+    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(STEPS),
+            *[a for s in [f"data.tasks_per_batch={PER_WORKER_T}", f"train.log_every={LOG_EVERY}",
+                          f"train.checkpoint_every={STEPS * 10}", *sets] for a in ("--set", s)]]
+
+
+def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600) -> Dict[str, float]:
+    """One job on emulated hosts: tasks/s and bytes per step over worker 0's measured window."""
+    from launch.emulated_hosts import EmulatedJob, host_names, run_job
+    from launch.local_cluster import LocalCluster
+    from launch.network.netns import EmulatedNetwork, sweep_stale
+    from launch.network.profile import parse_profile
+
+    sweep_stale()
+    hosts = host_names(WORKERS, PS)
+    net = EmulatedNetwork(hosts, parse_profile(profile))
+    window = _Window({h: net.namespace(h) for h in hosts})
+    cluster = LocalCluster(log=window.on_line)
+    job = EmulatedJob(workers=WORKERS, ps=PS, entrypoint_args=_entrypoint_args(data, out, sets),
+                      python=sys.executable)
+
+    def spawn(name, argv, env, prefix):
+        base = cluster.env
+        cluster.env = {**base, **env}
+        try:
+            return cluster.spawn(name, argv, prefix=prefix).proc
+        finally:
+            cluster.env = base
+
+    try:
+        with net:
+            try:
+                result = run_job(net, job, spawn, timeout_s=timeout_s, log=lambda m: None)
+            finally:
+                cluster.teardown()
+    finally:
+        cluster.teardown()
+    if not result.ok or not window.done.is_set():
+        tail = "\n".join(line for c in cluster.children for line in c.lines[-15:])
+        raise RuntimeError(f"network bench point {profile} {list(sets)} failed: {result}\n{tail}")
+    steps = STEPS - FIRST
+    seconds = window.marks[STEPS] - window.marks[FIRST]
+    per_host = {h: (window.counters[STEPS][h] - window.counters[FIRST][h]) / steps for h in hosts}
+    ps_bytes = sum(v for h, v in per_host.items() if h.startswith("ps"))
+    worker_bytes = sum(v for h, v in per_host.items() if h.startswith("worker"))
+    rate = parse_profile(profile).rate_bit_s
+    step_s = seconds / steps
+    return {
+        "tasks_per_s": steps * WORKERS * PER_WORKER_T / seconds,
+        "step_ms": step_s * 1000,
+        "wire_ps_bytes_per_step": ps_bytes,  # per job step (both workers' requests)
+        "wire_ps_bytes_per_worker_step": ps_bytes / WORKERS,
+        "wire_allreduce_bytes_per_step": max(0.0, (worker_bytes - ps_bytes) / 2),
+        "wire_busiest_host_bytes_per_step": max(per_host.values()),
+        "link_busy_share": (max(per_host.values()) * 8 / rate / step_s) if rate else 0.0,
+    }
+
+
+def measure_paths(data: str, work: Path, profiles: Sequence[str] = PROFILES,
+                  paths: Optional[Dict[str, List[str]]] = None, log=print) -> Dict:
+    """Every path at every profile, the profile sweep in the outer loop (a burst of outside load
+    hits the paths of one profile alike); then the ratios the issue asks for."""
+    paths = PATHS if paths is None else paths
+    res: Dict[str, Dict] = {}
+    for profile in profiles:
+        key = profile_key(profile)
+        res[key] = {}
+        for name, sets in paths.items():
+            point = run_point(data, work / f"net-{key}-{name}", profile, sets)
+            res[key][name] = point
+            log(f"[network] {key} {name}: {point['tasks_per_s']:.0f} tasks/s, "
+                f"PS {point['wire_ps_bytes_per_worker_step']:,.0f} B/worker-step, "
+                f"all-reduce {point['wire_allreduce_bytes_per_step']:,.0f} B/step")
+    base = res.get(profile_key(UNSHAPED), {})
+    for key, points in res.items():
+        for name, p in points.items():
+            if name in base:
+                p["wait_share"] = max(0.0, 1.0 - base[name]["step_ms"] / p["step_ms"])
+        if "default" in points and "per_table" in points:
+            points["per_ps_over_per_table"] = points["default"]["tasks_per_s"] / points["per_table"]["tasks_per_s"]
+        if "default" in points and "unfused" in points:
+            points["fused_over_unfused"] = points["default"]["tasks_per_s"] / points["unfused"]["tasks_per_s"]
+        if "default" in points and "hot_split" in points:
+            points["hot_split_speedup"] = points["hot_split"]["tasks_per_s"] / points["default"]["tasks_per_s"]
+    return res
