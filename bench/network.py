@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from bench.network_paths import HOT_BUDGET, UNSHAPED, measure_paths
-
 from launch.network.netns import EmulatedNetwork, list_namespaces
 from launch.network.probe import measure_rate
 from launch.network.profile import parse_profile
