@@ -57,12 +57,15 @@ class SplitDecision:
                 f"B/step, hot all-reduce {self.allreduce_bytes:,.0f} B/step)")
 
 
-def expected_distinct(counts: np.ndarray, lookups: int, n: float) -> float:
-    """Distinct ids among ``n`` lookups drawn with the profiled frequencies (Poisson per id)."""
+def expected_distinct(counts: np.ndarray, lookups: int, n: float, tail: Optional[float] = None) -> float:
+    """Distinct ids among ``n`` lookups drawn with the profiled frequencies (Poisson per id);
+    ``tail``, the share of lookups outside the profile (default: what ``counts`` leave), counts
+    as all distinct."""
     if lookups <= 0 or n <= 0:
         return 0.0
     p = np.asarray(counts, dtype=np.float64) / lookups
-    tail = max(0.0, 1.0 - float(p.sum()))
+    if tail is None:
+        tail = max(0.0, 1.0 - float(p.sum()))
     return float(np.sum(-np.expm1(-n * p))) + n * tail
 
 
@@ -80,9 +83,10 @@ def ps_payload(profiles: Mapping, dims: Mapping[str, int], lookups_per_step: Map
         if local_only and local_only.get(name):
             continue
         counts = np.asarray(prof.counts)
+        tail = max(0.0, 1.0 - float(counts.sum()) / prof.lookups) if prof.lookups else 0.0  # never hot
         if hot_ids is not None and name in hot_ids and len(hot_ids[name]):
             counts = counts[~np.isin(np.asarray(prof.ids), hot_ids[name])]
-        total += expected_distinct(counts, prof.lookups, n) * row_payload_bytes(dim)
+        total += expected_distinct(counts, prof.lookups, n, tail) * row_payload_bytes(dim)
     return total
 
 

@@ -13,6 +13,7 @@ the same on every rank (``check_same_everywhere``).
 from __future__ import annotations
 
 import hashlib
+import json
 import zlib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -212,12 +213,25 @@ def touched_bounds(cat_names: Sequence[str], multi_names: Sequence[str], data_cf
     return {n: samples * k for n, k in per_sample.items()}
 
 
+def lookups_per_step(cfg, bounds: Dict[str, int]) -> Dict[str, float]:
+    """Lookups one step makes per table: samples x the pooling ``schema.json``'s table_stats
+    measured (capped by ``bounds``); the bound itself where the schema has no stats."""
+    try:
+        stats = json.loads((Path(cfg.data.path) / "schema.json").read_text()).get("table_stats", {})
+    except (OSError, ValueError):
+        stats = {}
+    samples = cfg.data.tasks_per_batch * (cfg.data.support + cfg.data.query)
+    return {t: min(b, samples * float(stats[t]["pooling"])) if "pooling" in stats.get(t, {}) else b
+            for t, b in bounds.items()}
+
+
 def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str, int], workers: int):
     """``model.hot_split: auto``'s verdict for this config, hot set and job (hot/auto.py); every
     rank computes the same from the same inputs."""
     sizes = {t: len(hot_set.ids.get(t, ())) for t in dims}
     modes = {t: choose_mode(sizes[t], dims[t], bounds[t], workers) for t in dims if sizes[t]}
-    return decide(ps_payload(profiles, dims, bounds), ps_payload(profiles, dims, bounds, hot_set.ids, hot_set.local_only),
+    n = lookups_per_step(cfg, bounds)
+    return decide(ps_payload(profiles, dims, n), ps_payload(profiles, dims, n, hot_set.ids, hot_set.local_only),
                   allreduce_bytes(modes, sizes, dims, bounds, workers), Link(cfg.cluster.link_rate_bit_s),
                   workers, max(len(cfg.cluster.ps), 1))
 
