@@ -78,7 +78,11 @@ def test_expected_distinct_and_payload_count_only_the_rows_that_travel():
     assert off == pytest.approx(want)
     hot = {"a": np.array([0]), "b": np.array([0, 1])}
     on = ps_payload(profiles, dims, bounds, hot, {"b": True})  # b wholly local: no PS request
-    assert on == pytest.approx(expected_distinct(np.array([30, 20]), 100, 20) * row_payload_bytes(8))
+    assert on == pytest.approx(expected_distinct(np.array([30, 20]), 100, 20, tail=0.0) * row_payload_bytes(8))
+    # a profile that saw only its top id (a sketch): the unprofiled half of the lookups is cold
+    # and all distinct, and making the top id hot does not move its share to that tail
+    top = {"c": _profile("c", [50], 100)}
+    assert ps_payload(top, {"c": 8}, {"c": 10}, {"c": np.array([0])}) == pytest.approx(5 * row_payload_bytes(8))
 
 
 @pytest.mark.fast

@@ -104,10 +104,24 @@ def decide(ps_bytes_off: float, ps_bytes_on: float, allreduce_bytes: float, link
                          ps_bytes_off=ps_bytes_off, ps_bytes_on=ps_bytes_on, allreduce_bytes=allreduce_bytes)
 
 
-def allreduce_bytes(modes: Dict[str, str], sizes: Mapping[str, int], dims: Mapping[str, int],
-                    bounds: Mapping[str, int], workers: int) -> float:
-    """Bytes each worker sends per step in the hot rows' gradient exchange (``hot/sync.py``'s
-    per-table choice); it receives as many."""
+def hot_touched(profiles: Mapping, hot_ids: Mapping[str, np.ndarray], lookups_per_step: Mapping[str, float]
+                ) -> Dict[str, float]:
+    """Expected distinct hot ids one step touches per table (what a sparse all-gather sends)."""
+    out = {}
+    for name, ids in hot_ids.items():
+        prof = profiles.get(name)
+        if prof is None or not len(ids):
+            continue
+        counts = np.asarray(prof.counts)[np.isin(np.asarray(prof.ids), ids)]
+        out[name] = expected_distinct(counts, prof.lookups, float(lookups_per_step.get(name, 0)), tail=0.0)
+    return out
+
+
+def allreduce_bytes(modes: Mapping[str, str], sizes: Mapping[str, int], dims: Mapping[str, int],
+                    touched: Mapping[str, float], workers: int) -> float:
+    """Bytes each worker sends per step in the hot rows' gradient exchange, with ``hot/sync.py``'s
+    per-table choice: a dense all-reduce moves the whole ``[K, dim + 1]`` table, a sparse
+    all-gather the rows the step touched (``touched``, expected); it receives as many."""
     from gmeta_tf.embedding.hot.sync import dense_cost, sparse_cost
 
     total = 0.0
@@ -115,5 +129,5 @@ def allreduce_bytes(modes: Dict[str, str], sizes: Mapping[str, int], dims: Mappi
         if mode == "dense":
             total += dense_cost(sizes[t], dims[t], workers)
         elif mode == "sparse":
-            total += sparse_cost(min(sizes[t], bounds[t]), dims[t], workers)
+            total += sparse_cost(touched.get(t, 0.0), dims[t], workers)
     return total

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
 from gmeta_tf.embedding.column_split import ColumnSplitTable
-from gmeta_tf.embedding.hot.auto import allreduce_bytes, decide, ps_payload
+from gmeta_tf.embedding.hot.auto import allreduce_bytes, decide, hot_touched, ps_payload
 from gmeta_tf.embedding.hot.prefetch import ColdPrefetch, read_rows
 from gmeta_tf.embedding.hot.select import HotSet, select_hot
 from gmeta_tf.embedding.hot.sync import HotGradSync, choose_mode
@@ -232,7 +232,8 @@ def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str
     modes = {t: choose_mode(sizes[t], dims[t], bounds[t], workers) for t in dims if sizes[t]}
     n = lookups_per_step(cfg, bounds)
     return decide(ps_payload(profiles, dims, n), ps_payload(profiles, dims, n, hot_set.ids, hot_set.local_only),
-                  allreduce_bytes(modes, sizes, dims, bounds, workers), Link(cfg.cluster.link_rate_bit_s),
+                  allreduce_bytes(modes, sizes, dims, hot_touched(profiles, hot_set.ids, n), workers),
+                  Link(cfg.cluster.link_rate_bit_s),
                   workers, max(len(cfg.cluster.ps), 1))
 
 
