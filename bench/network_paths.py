@@ -46,6 +46,7 @@ PATHS: Dict[str, List[str]] = {
 }
 UNSHAPED = "bridge"
 PROFILES = (UNSHAPED, "rate=1gbit", "rate=100mbit", "rate=20mbit")
+REPEATS = 2
 _STEP = re.compile(r"\[worker0\].*\bstep (\d+)/(\d+) ")
 
 
@@ -140,30 +141,48 @@ def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s
     }
 
 
+def combine(runs: List[Dict[str, float]]) -> Dict[str, float]:
+    """Repeats of one point: the median of each figure, and every run's tasks/s (this box is
+    shared: one run's tasks/s can move by a quarter with other sessions' load)."""
+    import statistics
+
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    out["runs_tasks_per_s"] = [r["tasks_per_s"] for r in runs]
+    return out
+
+
 def measure_paths(data: str, work: Path, profiles: Sequence[str] = PROFILES,
-                  paths: Optional[Dict[str, List[str]]] = None, log=print) -> Dict:
-    """Every path at every profile, the profile sweep in the outer loop (a burst of outside load
-    hits the paths of one profile alike); then the ratios the issue asks for."""
+                  paths: Optional[Dict[str, List[str]]] = None, repeats: int = REPEATS, log=print) -> Dict:
+    """Every path at every profile, ``repeats`` passes over the whole sweep (a burst of outside
+    load hits one pass, not every run of one point), the profile in the outer loop; then the
+    ratios the issue asks for (``ratios``)."""
     paths = PATHS if paths is None else paths
-    res: Dict[str, Dict] = {}
-    for profile in profiles:
-        key = profile_key(profile)
-        res[key] = {}
-        for name, sets in paths.items():
-            point = run_point(data, work / f"net-{key}-{name}", profile, sets)
-            res[key][name] = point
-            log(f"[network] {key} {name}: {point['tasks_per_s']:.0f} tasks/s, "
-                f"PS {point['wire_ps_bytes_per_worker_step']:,.0f} B/worker-step, "
-                f"all-reduce {point['wire_allreduce_bytes_per_step']:,.0f} B/step")
+    runs: Dict[str, Dict[str, List[Dict[str, float]]]] = {}
+    for rep in range(repeats):
+        for profile in profiles:
+            key = profile_key(profile)
+            for name, sets in paths.items():
+                point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets)
+                runs.setdefault(key, {}).setdefault(name, []).append(point)
+                log(f"[network] {key} {name}: {point['tasks_per_s']:.0f} tasks/s, "
+                    f"PS {point['wire_ps_bytes_per_worker_step']:,.0f} B/worker-step, "
+                    f"all-reduce {point['wire_allreduce_bytes_per_step']:,.0f} B/step")
+    return ratios({key: {name: combine(r) for name, r in points.items()} for key, points in runs.items()})
+
+
+def ratios(res: Dict[str, Dict]) -> Dict[str, Dict]:
+    """Per profile: each path's wait share (against the same path unshaped) and the ratios of
+    the default path to TFRA's per-table path, to one table each, and of the hot split to it."""
     base = res.get(profile_key(UNSHAPED), {})
-    for key, points in res.items():
-        for name, p in points.items():
-            if name in base:
+    for points in res.values():
+        for name, p in list(points.items()):
+            if isinstance(p, dict) and name in base:
                 p["wait_share"] = max(0.0, 1.0 - base[name]["step_ms"] / p["step_ms"])
-        if "default" in points and "per_table" in points:
-            points["per_ps_over_per_table"] = points["default"]["tasks_per_s"] / points["per_table"]["tasks_per_s"]
-        if "default" in points and "unfused" in points:
-            points["fused_over_unfused"] = points["default"]["tasks_per_s"] / points["unfused"]["tasks_per_s"]
-        if "default" in points and "hot_split" in points:
-            points["hot_split_speedup"] = points["hot_split"]["tasks_per_s"] / points["default"]["tasks_per_s"]
+        tps = {n: p["tasks_per_s"] for n, p in points.items() if isinstance(p, dict)}
+        if "default" in tps and "per_table" in tps:
+            points["per_ps_over_per_table"] = tps["default"] / tps["per_table"]
+        if "default" in tps and "unfused" in tps:
+            points["fused_over_unfused"] = tps["default"] / tps["unfused"]
+        if "default" in tps and "hot_split" in tps:
+            points["hot_split_speedup"] = tps["hot_split"] / tps["default"]
     return res
