@@ -2,9 +2,11 @@
 
 ``ps_cost`` (cost_model.py) is the PS's CPU time per step, calibrated where a byte costs nothing
 (loopback). On a real link each PS also moves, per step, every distinct row its shards serve:
-read (key in, value out) and written back (key and gradient in). Optimizer slots never travel:
-they live and update on the PS (``bench/network.py`` compares this count with the bytes
-measured on the emulated links). So a shard's payload per step is
+read (key in, value out) and written back (key and gradient in). On the default path (one
+request per PS, ``model.ps_requests``) optimizer slots never travel: they live and update on
+the PS (make bench's ``network`` section measured the PS links' bytes at 0.99x this count). On
+TFRA's per-table path they do (the worker reads and writes the Adam slots too: 3.6x the bytes,
+measured); this term is for the default path. So a shard's payload per step is
 
     distinct ids x 2 x (dim x 4 + 8)   bytes (float32 values, int64 keys)
 
@@ -28,8 +30,10 @@ from gmeta_tf.plan.spec import Shard
 
 KEY_BYTES = 8
 VALUE_BYTES = 4
-# Wire bytes / payload, measured: bench/results.json network.<profile>.default (docs/network.md).
-WIRE_OVERHEAD = 1.35
+# Wire bytes / payload on the default path (one request per PS), measured by make bench's network
+# section: 155.9 kB on the PS links per worker step against 157.6 kB of rows counted from the
+# first 20 batches of the same data (0.99: framing is within that estimate's noise). docs/network.md.
+WIRE_OVERHEAD = 1.0
 
 
 def row_payload_bytes(dim: float) -> float:
