@@ -45,7 +45,7 @@ PATHS: Dict[str, List[str]] = {
     "hot_split": [f"hot.budget={HOT_BUDGET}"],
 }
 UNSHAPED = "bridge"
-PROFILES = (UNSHAPED, "rate=1gbit", "rate=100mbit", "rate=20mbit")
+PROFILES = (UNSHAPED, "rate=1gbit", "rate=100mbit", "rate=20mbit", "rate=5mbit")
 REPEATS = 2
 _STEP = re.compile(r"\[worker0\].*\bstep (\d+)/(\d+) ")
 
