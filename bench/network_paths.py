@@ -14,11 +14,12 @@ What is counted, and why this way:
   the veth carried, Ethernet frames with their headers, both directions). A PS host carries only
   PS traffic; the workers' links carry PS traffic plus the all-reduce between workers, so
   ``allreduce_bytes_per_step = (sum over workers - sum over PS) / 2`` (each worker-to-worker
-  byte crosses two worker links);
+  byte crosses two worker links). The counters are read when worker 0's log line reaches the
+  launcher: under heavy load that is a few steps late, at both ends of the window alike;
 * **wait share**: the part of the step the link adds, ``1 - step_s(unshaped) / step_s(profile)``
   against the same path on the unshaped emulated hosts (``bridge``); ``link_busy_share`` is the
-  busiest host's bytes per step over its link rate, divided by the step: the least time the
-  link must spend per step. The in-process lookup/apply timing of bench/distributed.py needs a
+  busiest link direction's bytes per step over the rate, divided by the step: the least share
+  of the step that direction must spend sending. The in-process lookup/apply timing of bench/distributed.py needs a
   Horovod rank under horovodrun, which these hosts do not run.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 PER_WORKER_T = 16
 WORKERS, PS = 2, 2
@@ -55,12 +56,12 @@ def profile_key(profile: str) -> str:
     return profile.split("=", 1)[1] if profile.startswith("rate=") else profile
 
 
-def link_bytes(ns: str, dev: str = "eth0") -> int:
-    """Bytes ``dev`` in namespace ``ns`` sent plus received (Ethernet frames, headers included)."""
+def link_bytes(ns: str, dev: str = "eth0") -> Tuple[int, int]:
+    """Bytes ``dev`` in namespace ``ns`` received and sent (Ethernet frames, headers included)."""
     out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev], capture_output=True,
                          text=True, check=True, timeout=30).stdout
     stats = json.loads(out)[0]["stats64"]
-    return int(stats["rx"]["bytes"]) + int(stats["tx"]["bytes"])
+    return int(stats["rx"]["bytes"]), int(stats["tx"]["bytes"])
 
 
 @dataclass
@@ -68,7 +69,7 @@ class _Window:
     """Link counters of every host at worker 0's steps FIRST and STEPS."""
     hosts: Dict[str, str]  # host -> namespace
     marks: Dict[int, float] = field(default_factory=dict)  # step -> monotonic time
-    counters: Dict[int, Dict[str, int]] = field(default_factory=dict)
+    counters: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
 
     def on_line(self, line: str) -> None:
@@ -125,7 +126,10 @@ def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s
         raise RuntimeError(f"network bench point {profile} {list(sets)} failed: {result}\n{tail}")
     steps = STEPS - FIRST
     seconds = window.marks[STEPS] - window.marks[FIRST]
-    per_host = {h: (window.counters[STEPS][h] - window.counters[FIRST][h]) / steps for h in hosts}
+    per_dir = {h: [(b - a) / steps for a, b in zip(window.counters[FIRST][h], window.counters[STEPS][h])]
+               for h in hosts}  # host -> [rx, tx] bytes per step
+    per_host = {h: sum(d) for h, d in per_dir.items()}
+    busiest_dir = max(max(d) for d in per_dir.values())  # a link is full duplex: its busier direction
     ps_bytes = sum(v for h, v in per_host.items() if h.startswith("ps"))
     worker_bytes = sum(v for h, v in per_host.items() if h.startswith("worker"))
     rate = parse_profile(profile).rate_bit_s
@@ -137,7 +141,8 @@ def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s
         "wire_ps_bytes_per_worker_step": ps_bytes / WORKERS,
         "wire_allreduce_bytes_per_step": max(0.0, (worker_bytes - ps_bytes) / 2),
         "wire_busiest_host_bytes_per_step": max(per_host.values()),
-        "link_busy_share": (max(per_host.values()) * 8 / rate / step_s) if rate else 0.0,
+        "wire_busiest_direction_bytes_per_step": busiest_dir,
+        "link_busy_share": (busiest_dir * 8 / rate / step_s) if rate else 0.0,
     }
 
 
