@@ -47,7 +47,7 @@ PATHS: Dict[str, List[str]] = {
 }
 UNSHAPED = "bridge"
 PROFILES = (UNSHAPED, "rate=1gbit", "rate=100mbit", "rate=20mbit", "rate=5mbit")
-REPEATS = 2
+REPEATS = 1  # one pass over the sweep: ~50 min on this box; 2 halves the noise (docs/network.md)
 _STEP = re.compile(r"\[worker0\].*\bstep (\d+)/(\d+) ")
 
 
