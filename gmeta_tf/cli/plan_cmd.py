@@ -57,6 +57,15 @@ def format_plan(plan) -> str:
     return "\n".join(lines)
 
 
+def _link_rate(network, cfg):
+    """The PS links' bit rate: ``--network`` (a launch profile), else ``cluster.link_rate``."""
+    if network is None:
+        return cfg.cluster.link_rate_bit_s
+    from launch.network.profile import parse_profile
+
+    return parse_profile(network).rate_bit_s
+
+
 @click.group("plan", invoke_without_command=True)
 @click.option("--data", "data_dir", type=click.Path(file_okay=False), help="Prepared directory (schema.json).")
 @click.option("--ps", "ps_count", type=int, help="Number of parameter servers.")
@@ -70,10 +79,14 @@ def format_plan(plan) -> str:
               help="Workers that will train (samples per step reaching the PS scale with them).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), help="placement.yaml to write.")
+@click.option("--network", default=None,
+              help="Each PS host's link (a --network profile of `gmeta launch local`: 1gbe, rate=100mbit): each PS's "
+                   "predicted cost adds its rows' bytes over the link rate (default: cluster.link_rate, else "
+                   "loopback: bytes are free).")
 @config_options
 @click.pass_context
 @friendly_errors
-def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, workers, seed, out, config_path,
+def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, workers, seed, out, network, config_path,
                overrides):
     """Place embedding tables on PS tasks (table-, row- or column-wise) to minimise the slowest PS."""
     if ctx.invoked_subcommand is not None:
@@ -83,13 +96,14 @@ def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, worke
         raise click.UsageError(f"missing option(s) {', '.join(missing)}")
     from gmeta_tf.plan.baselines import BASELINES
     from gmeta_tf.plan.cost_model import load_cost_model
+    from gmeta_tf.plan.network import with_network
     from gmeta_tf.plan.placement_file import write_placement
     from gmeta_tf.plan.planner import make_plan, optimizer_slots_for
     from gmeta_tf.plan.tables_from_data import tables_from_data
 
     cfg = build_config(config_path, overrides)
     tables = tables_from_data(data_dir, cfg)
-    model = load_cost_model(cost_model_path)
+    model = with_network(load_cost_model(cost_model_path), _link_rate(network, cfg))
     samples = workers * cfg.data.tasks_per_batch * (cfg.data.support + cfg.data.query)
     kw = dict(cost_model=model, samples_per_step=samples,
               optimizer_slots=optimizer_slots_for(cfg.train.embedding_optimizer), seed=seed)
@@ -108,7 +122,7 @@ def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, worke
         click.echo(f"best baseline {best}: {baselines[best]:.3f} ms/step; {plan.algo} is {gain:.1%} lower")
     write_placement(out, plan.placement, header=(
         f"written by: gmeta plan --algo {plan.algo} --ps {ps_count} --mem-per-ps {mem_per_ps} (bytes) "
-        f"--workers {workers} --seed {seed}\n"
+        f"--workers {workers} --seed {seed}" + (f" --network {network}" if network else "") + "\n"
         f"predicted max PS cost {plan.max_cost:.3f} ms/step; split tables: "
         + (", ".join(f"{n}={lay}" for n, lay in plan.layouts.items() if lay != "whole") or "none")))
     click.echo(f"wrote {out} (set cluster.placement: {out})")

@@ -14,6 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional, Union
 
+from gmeta_tf.config.rates import bit_rate
+
 
 class ConfigError(ValueError):
     """A config key is unknown, has the wrong type, or an out-of-range value."""
@@ -158,6 +160,7 @@ class DataConfig:
 
 # ``model.fuse_tables``' values, checked here only (``ModelConfig``); ``fused.resolve`` decides ``auto``.
 FUSE_TABLES = ("auto", True, False)
+HOT_SPLIT = ("auto", True, False)
 
 
 @dataclass
@@ -220,6 +223,12 @@ class ModelConfig:
     # docs/profile.md; decided in embedding/fused.py, ``resolve``); true / false force it. Tables
     # with max_rows, init_rows: all or a column split are never fused.
     fuse_tables: Union[bool, Literal["auto"]] = "auto"
+    # The hot/cold split (``hot.budget`` sizes it). ``true``: as ``hot.budget`` says (0: off);
+    # ``false``: off whatever the budget; ``auto``: on only where the network cost model
+    # (gmeta_tf/embedding/hot/auto.py) predicts a faster step with it than without, given
+    # ``cluster.link_rate``; the log says which and why. Without a link rate bytes are free,
+    # and ``auto`` keeps the split off (make bench: 0.88x on loopback).
+    hot_split: Union[bool, Literal["auto"]] = True
 
     def __post_init__(self) -> None:
         for name, n in self.max_rows.items():
@@ -238,6 +247,8 @@ class ModelConfig:
                  f"must be one of auto, per_table, per_ps, got {self.ps_requests!r}")
         _require(self.fuse_tables in FUSE_TABLES, "model.fuse_tables",
                  f"must be one of auto, true, false, got {self.fuse_tables!r}")
+        _require(self.hot_split in HOT_SPLIT, "model.hot_split",
+                 f"must be one of auto, true, false, got {self.hot_split!r}")
 
 
 @dataclass
@@ -403,9 +414,20 @@ class ClusterConfig:
     table_create_settle_s: Optional[float] = None
     # Optional explicit table → PS placement file written by ``gmeta plan``.
     placement: Optional[str] = None
+    # Each host's link rate, both directions (``1gbit``, ``100mbit``: decimal bit/s as tc writes
+    # them); None: unknown or loopback, bytes cost nothing. What ``model.hot_split: auto`` and
+    # the planner's network term read; ``gmeta launch local --network`` knows it for its hosts.
+    link_rate: Optional[str] = None
+
+    @property
+    def link_rate_bit_s(self) -> Optional[int]:
+        return None if self.link_rate is None else bit_rate(self.link_rate)
 
     def __post_init__(self) -> None:
         _require(self.connect_timeout_s > 0, "cluster.connect_timeout_s", "must be > 0")
+        if self.link_rate is not None:
+            _require(bit_rate(self.link_rate) is not None and bit_rate(self.link_rate) > 0, "cluster.link_rate",
+                     f"expected a bit rate such as 1gbit or 100mbit (tc's units; not bytes), got {self.link_rate!r}")
         if self.table_create_settle_s is not None:
             warnings.warn("config key 'cluster.table_create_settle_s' is deprecated and ignored: start-up no "
                           "longer pauses per rank (docs/startup.md); remove it from the config", FutureWarning,

@@ -9,15 +9,14 @@ has no ``netem`` (docs/network.md, "Limits").
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Dict, Optional
 
+from gmeta_tf.config.rates import bit_rate, format_rate
 from gmeta_tf.errors import NetworkEmulationError
 
 LOOPBACK = "loopback"
-_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+__all__ = ["LinkProfile", "NAMED", "format_rate", "parse_rate", "parse_loss", "parse_profile"]
 
 
 @dataclass(frozen=True)
@@ -49,23 +48,15 @@ NAMED: Dict[str, LinkProfile] = {
 }
 
 
-def format_rate(bit_s: int) -> str:
-    for unit in ("tbit", "gbit", "mbit", "kbit"):
-        if bit_s >= _UNITS[unit] and bit_s % _UNITS[unit] == 0:
-            return f"{bit_s // _UNITS[unit]}{unit}"
-    return f"{bit_s}bit"
-
-
 def parse_rate(raw: str) -> int:
     """``'100mbit'`` -> 100_000_000 (bit/s)."""
-    m = _RATE.match(raw.lower())
-    if not m or m.group(2) not in ("", *_UNITS):
+    value = bit_rate(raw)
+    if value is None:
         hint = " (tc reads 'bps' as bytes per second: write bit/s)" if raw.lower().endswith("bps") else ""
         raise NetworkEmulationError(f"rate {raw!r} is not a bit rate like 100mbit or 1gbit{hint}")
-    value = float(m.group(1)) * _UNITS[m.group(2) or "bit"]
     if value < 8000:
         raise NetworkEmulationError(f"rate {raw!r} is below 8kbit: tc cannot shape that low")
-    return int(value)
+    return value
 
 
 def parse_loss(raw: str) -> float:

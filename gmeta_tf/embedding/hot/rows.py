@@ -13,6 +13,7 @@ the same on every rank (``check_same_everywhere``).
 from __future__ import annotations
 
 import hashlib
+import json
 import zlib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -22,13 +23,15 @@ import tensorflow as tf
 
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
 from gmeta_tf.embedding.column_split import ColumnSplitTable
+from gmeta_tf.embedding.hot.auto import allreduce_bytes, decide, hot_touched, ps_payload
 from gmeta_tf.embedding.hot.prefetch import ColdPrefetch, read_rows
 from gmeta_tf.embedding.hot.select import HotSet, select_hot
-from gmeta_tf.embedding.hot.sync import HotGradSync
+from gmeta_tf.embedding.hot.sync import HotGradSync, choose_mode
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.lookup import feature_ids
 from gmeta_tf.embedding.optimizers import LazyRowOptimizer
 from gmeta_tf.errors import ClusterError
+from gmeta_tf.plan.network import Link
 
 
 class HotRows:
@@ -210,6 +213,30 @@ def touched_bounds(cat_names: Sequence[str], multi_names: Sequence[str], data_cf
     return {n: samples * k for n, k in per_sample.items()}
 
 
+def lookups_per_step(cfg, bounds: Dict[str, int]) -> Dict[str, float]:
+    """Lookups one step makes per table: samples x the pooling ``schema.json``'s table_stats
+    measured (capped by ``bounds``); the bound itself where the schema has no stats."""
+    try:
+        stats = json.loads((Path(cfg.data.path) / "schema.json").read_text()).get("table_stats", {})
+    except (OSError, ValueError):
+        stats = {}
+    samples = cfg.data.tasks_per_batch * (cfg.data.support + cfg.data.query)
+    return {t: min(b, samples * float(stats[t]["pooling"])) if "pooling" in stats.get(t, {}) else b
+            for t, b in bounds.items()}
+
+
+def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str, int], workers: int):
+    """``model.hot_split: auto``'s verdict for this config, hot set and job (hot/auto.py); every
+    rank computes the same from the same inputs."""
+    sizes = {t: len(hot_set.ids.get(t, ())) for t in dims}
+    modes = {t: choose_mode(sizes[t], dims[t], bounds[t], workers) for t in dims if sizes[t]}
+    n = lookups_per_step(cfg, bounds)
+    return decide(ps_payload(profiles, dims, n), ps_payload(profiles, dims, n, hot_set.ids, hot_set.local_only),
+                  allreduce_bytes(modes, sizes, dims, hot_touched(profiles, hot_set.ids, n), workers),
+                  Link(cfg.cluster.link_rate_bit_s),
+                  workers, max(len(cfg.cluster.ps), 1))
+
+
 def profile_path(cfg) -> Path:
     return Path(cfg.hot.profile) if cfg.hot.profile else Path(cfg.data.path) / PROFILE_NPZ
 
@@ -219,13 +246,20 @@ def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names:
     """The hot rows for this config over ``tables``; None when the budget is 0 (then nothing is
     wrapped and training is the plain PS path). ``Embeddings.add_hot_tier`` calls this."""
     budget = cfg.hot.budget_bytes
-    if budget <= 0:
+    if budget <= 0 or cfg.model.hot_split is False:
         return None
     profiles = load_profile(profile_path(cfg))
     dims = {t.name: t.dim for t in tables}
     hot_set = select_hot(profiles, dims, cfg.train.embedding_optimizer, budget, cfg.hot.min_count)
     if sync.rank == 0:
         log(hot_set.format())
+    if cfg.model.hot_split == "auto":
+        decision = auto_decision(cfg, profiles, dims, hot_set, touched_bounds(cat_names, multi_names, cfg.data),
+                                 sync.size)
+        if sync.rank == 0:
+            log(decision.format(cfg.cluster.link_rate))
+        if not decision.on:
+            return None
     scale = sync.size if cfg.train.scale_lr else 1
     rows = HotRows(tables, hot_set, sync, cfg.train.embedding_optimizer,
                    cfg.train.embedding_learning_rate * scale, touched_bounds(cat_names, multi_names, cfg.data),
