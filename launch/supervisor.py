@@ -27,7 +27,7 @@ from gmeta_tf.errors import ClusterError
 from gmeta_tf.train.restarts import RESTARTS_ENV, Restart, encode
 from launch.local_cluster import LocalCluster, signal_name
 from launch.network.faults import parse_fault
-from launch.network.profile import parse_profile
+from launch.network.profile import format_rate, parse_profile
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PREEMPTED_CODES = {128 + int(signal.SIGTERM), 128 + int(signal.SIGINT)}
@@ -124,6 +124,9 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     from launch.network.netns import EmulatedNetwork, require_privilege, sweep_stale
 
     require_privilege()
+    if profile.rate_bit_s is not None and not any(a.startswith("cluster.link_rate=") for a in train_argv):
+        # the planner's and model.hot_split: auto's network term read the link the job runs on
+        train_argv = [*train_argv, "--set", f"cluster.link_rate={format_rate(profile.rate_bit_s)}"]
     sweep_stale(log)  # what a launcher killed with SIGKILL may have left, should its watchdog have failed
     with EmulatedNetwork(host_names(workers, ps), profile, log=log) as net:
         bad = [f.host for f in faults if f.host not in net.hosts]
