@@ -54,7 +54,7 @@ def _die_with(parent: int):
             os._exit(1)
     return setup
 _RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
-_STEP_SEEN = re.compile(r"\bstep (\d+)/\d+|\bat step (\d+)")
+_STEP_SEEN = re.compile(r"\bstep (\d+)/\d+|\bat step (\d+)|checkpointed step (\d+)")
 _FIRST_FAILURE = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
 
 
@@ -245,7 +245,7 @@ class LocalCluster:
         for c in self.children:
             for line in c.lines[-400:]:
                 for m in _STEP_SEEN.finditer(line):
-                    seen = max(seen or 0, int(m.group(1) or m.group(2)))
+                    seen = max(seen or 0, int(next(g for g in m.groups() if g)))
         return seen
 
     def ps_children(self) -> List[Child]:

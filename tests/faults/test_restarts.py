@@ -172,7 +172,8 @@ def test_sigterm_to_one_worker_makes_both_checkpoint_one_step(tiny_data, tmp_pat
     agreed = {int(m.group(1)) for m in re.finditer(r"preempted .*checkpointed step (\d+)", out)}
     assert len(agreed) == 1, out[-3000:]  # every rank named the same step
     (step,) = agreed
-    assert "restart 1/1: worker rank 1 was stopped by SIGTERM and checkpointed" in out, out[-3000:]
+    # every rank exits 143 once the agreed step is saved; the first to exit is the one named
+    assert re.search(r"restart 1/1: worker rank [01] was stopped by SIGTERM and checkpointed", out), out[-3000:]
     (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
     assert restart["resumed_from_step"] == step and restart["steps_redone"] == 0, restart
     ranks = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
