@@ -168,22 +168,28 @@ def run_step(step, batch) -> Dict[str, int]:
 
 
 def _worker(data: str, out_dir: str, ps: str, runs: Mapping[str, Sequence[str]]) -> None:
-    """One Horovod rank for every run: connect to the PS once, then ``_run`` each in turn."""
+    """One Horovod rank for every run: connect to the PS once, count every run's first step,
+    then train and fingerprint each. Counting comes first because training and exporting one
+    run's tables instantiates functions whose partition graphs TensorFlow then records in the
+    next counted step too (4 more transfers than the step has, measured), while building and
+    stepping another model beside a counted one adds none."""
     import gmeta_tf  # noqa: F401
     from gmeta_tf.cluster.worker import worker_runtime
     from gmeta_tf.config.loader import load_config
 
     rt = worker_runtime(load_config("configs/quickstart.yaml", [f"data.path={data}", f"cluster.ps=[{ps}]"]),
                         log=lambda m: None)
-    for name, sets in runs.items():
-        _run(data, str(Path(out_dir) / f"{name}.json"), ps, sets, rt)
+    counted = [_count(data, str(Path(out_dir) / f"{name}.json"), ps, sets, rt) for name, sets in runs.items()]
+    for finish in counted:
+        finish()
 
 
-def _run(data: str, out_file: str, ps: str, sets: Sequence[str], rt) -> None:
-    """Build the model as ``gmeta train`` does, count one step's RPCs, train ``STEPS`` more and
-    fingerprint the tables (``table_fingerprint``). Its tables get a namespace of their own (the
-    run's file name), so runs on the same PS processes do not share tables; its placement is
-    the run's own (``cluster.placement``), checked against the PS as ``worker_runtime`` does."""
+def _count(data: str, out_file: str, ps: str, sets: Sequence[str], rt):
+    """Build the model as ``gmeta train`` does and count one step's RPCs; returns the rest of
+    the run (train ``STEPS`` more, fingerprint the tables: ``table_fingerprint``, write
+    ``out_file``) to call later. Its tables get a namespace of their own (the run's file name),
+    so runs on the same PS processes do not share tables; its placement is the run's own
+    (``cluster.placement``), checked against the PS as ``worker_runtime`` does."""
     from dataclasses import replace
 
     from gmeta_tf.cluster.worker import load_placement
@@ -203,8 +209,6 @@ def _run(data: str, out_file: str, ps: str, sets: Sequence[str], rt) -> None:
     built = build_tables_once(cfg, load_schema(data), rt, str(run_dir))
     batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(1 + STEPS))
     counts = run_step(built.step_fn, batches[0])
-    for batch in batches[1:]:
-        built.step_fn.step(batch)
     from gmeta_tf.embedding.fused import fused_tables
 
     storage = built.model.storage_tables()
@@ -221,10 +225,15 @@ def _run(data: str, out_file: str, ps: str, sets: Sequence[str], rt) -> None:
     counts["ps_rpcs_formula"] = expected_rpcs(counts["per_table_shards"], counts["slots"], cfg.model.init_rows,
                                               counts["ps_holding_tables"], counts["ps_requests"], recorded)
     counts["ps_hash_ops_formula"] = expected_hash_ops(counts["shards"], counts["slots"], fused)
-    if rt.rank == 0:
-        built.model.embeddings.export(str(run_dir))
-        counts["tables_after_steps"] = table_fingerprint(str(run_dir))
-        Path(out_file).write_text(json.dumps(counts))
+
+    def finish() -> None:
+        for batch in batches[1:]:
+            built.step_fn.step(batch)
+        if rt.rank == 0:
+            built.model.embeddings.export(str(run_dir))
+            counts["tables_after_steps"] = table_fingerprint(str(run_dir))
+            Path(out_file).write_text(json.dumps(counts))
+    return finish
 
 
 def table_fingerprint(checkpoint_dir: str) -> Dict[str, List[float]]:
