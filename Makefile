@@ -18,7 +18,8 @@ HOROVOD_WHEELS := $(VENV)/wheels
 HOROVOD_WHEEL_GLOB := $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-*.whl
 # Test processes (pytest-xdist); every test file runs whole in one of them (--dist loadfile).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+# --durations: the slowest tests close every run, so a test that grows is seen where it grows.
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 .PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean image image-test
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package

@@ -12,6 +12,10 @@ PS partition through the rendezvous (one transfer per tensor: a ``_Send`` on one
 one step); each transfer is attributed to the lookup or to the optimizer's apply by the PS-side
 op it feeds or comes from. ``python -m bench.ps_rpcs DATA [--ps 2] [--set KEY=VALUE ...]``
 starts the PS processes, runs one worker (``horovodrun -np 1``) and prints the counts as JSON.
+
+Several runs (``measure``'s ``runs``) share that one worker process: each builds its own model,
+tables (a namespace of their own) and step on the same PS connection, so a run costs its trace
+and steps, not a TensorFlow import, a Horovod ring and a PS connection of its own.
 """
 from __future__ import annotations
 
@@ -163,29 +167,48 @@ def run_step(step, batch) -> Dict[str, int]:
     return count_rpcs(graphs)
 
 
-def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
-    """One Horovod rank: build the model as ``gmeta train`` does, count one step's RPCs, train
-    ``STEPS`` more and fingerprint the tables (``table_fingerprint``). Its tables get a namespace
-    of their own (the run's file name), so runs on the same PS processes do not share tables."""
-    from dataclasses import replace
-
+def _worker(data: str, out_dir: str, ps: str, runs: Mapping[str, Sequence[str]]) -> None:
+    """One Horovod rank for every run: connect to the PS once, count every run's first step,
+    then train and fingerprint each. Counting comes first because training and exporting one
+    run's tables instantiates functions whose partition graphs TensorFlow then records in the
+    next counted step too (4 more transfers than the step has, measured), while building and
+    stepping another model beside a counted one adds none."""
     import gmeta_tf  # noqa: F401
     from gmeta_tf.cluster.worker import worker_runtime
     from gmeta_tf.config.loader import load_config
+
+    rt = worker_runtime(load_config("configs/quickstart.yaml", [f"data.path={data}", f"cluster.ps=[{ps}]"]),
+                        log=lambda m: None)
+    counted = [_count(data, str(Path(out_dir) / f"{name}.json"), ps, sets, rt) for name, sets in runs.items()]
+    for finish in counted:
+        finish()
+
+
+def _count(data: str, out_file: str, ps: str, sets: Sequence[str], rt):
+    """Build the model as ``gmeta train`` does and count one step's RPCs; returns the rest of
+    the run (train ``STEPS`` more, fingerprint the tables: ``table_fingerprint``, write
+    ``out_file``) to call later. Its tables get a namespace of their own (the run's file name),
+    so runs on the same PS processes do not share tables; its placement is the run's own
+    (``cluster.placement``), checked against the PS as ``worker_runtime`` does."""
+    from dataclasses import replace
+
+    from gmeta_tf.cluster.worker import load_placement
+    from gmeta_tf.config.loader import load_config
     from gmeta_tf.embedding.optimizers import slot_count
     from gmeta_tf.metaio.reader import load_schema, make_dataset
+    from gmeta_tf.plan.placement_file import check_tasks
     from gmeta_tf.train.trainer import build_tables_once
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", f"cluster.ps=[{ps}]", *sets])
     data = cfg.data.path  # a run may name other data (``--set data.path=...``)
-    rt = worker_runtime(cfg, log=lambda m: None)
-    rt = replace(rt, namespace=f"{rt.namespace}-{Path(out_file).stem}")
+    placement = load_placement(cfg.cluster.placement)
+    if placement:
+        check_tasks(placement, rt.ps_tasks)
+    rt = replace(rt, namespace=f"{rt.namespace}-{Path(out_file).stem}", placement=placement)
     run_dir = Path(out_file).parent / f"{Path(out_file).stem}-run"
     built = build_tables_once(cfg, load_schema(data), rt, str(run_dir))
     batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(1 + STEPS))
     counts = run_step(built.step_fn, batches[0])
-    for batch in batches[1:]:
-        built.step_fn.step(batch)
     from gmeta_tf.embedding.fused import fused_tables
 
     storage = built.model.storage_tables()
@@ -202,10 +225,15 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str]) -> None:
     counts["ps_rpcs_formula"] = expected_rpcs(counts["per_table_shards"], counts["slots"], cfg.model.init_rows,
                                               counts["ps_holding_tables"], counts["ps_requests"], recorded)
     counts["ps_hash_ops_formula"] = expected_hash_ops(counts["shards"], counts["slots"], fused)
-    if rt.rank == 0:
-        built.model.embeddings.export(str(run_dir))
-        counts["tables_after_steps"] = table_fingerprint(str(run_dir))
-        Path(out_file).write_text(json.dumps(counts))
+
+    def finish() -> None:
+        for batch in batches[1:]:
+            built.step_fn.step(batch)
+        if rt.rank == 0:
+            built.model.embeddings.export(str(run_dir))
+            counts["tables_after_steps"] = table_fingerprint(str(run_dir))
+            Path(out_file).write_text(json.dumps(counts))
+    return finish
 
 
 def table_fingerprint(checkpoint_dir: str) -> Dict[str, List[float]]:
@@ -233,24 +261,20 @@ def measure(data: str, ps: int = 2, runs: Mapping[str, Sequence[str]] = {"defaul
     from launch.local_cluster import LocalCluster
 
     cluster = LocalCluster(log=lambda m: None)
-    out: Dict[str, Dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cluster.start_ps(ps)
-            for name, sets in runs.items():
-                result = Path(tmp) / f"{name}.json"
-                argv = [sys.executable, "-m", "bench.ps_rpcs", "worker", data, str(result),
-                        ",".join(cluster.ps_addresses)]
-                for item in sets:
-                    argv += ["--set", item]
-                code = cluster.run_workers(1, argv, timeout_s=timeout_s)
-                if code != 0:
-                    lines = "\n".join(c for ch in cluster.children for c in ch.lines)
-                    raise RuntimeError(f"PS RPC worker ({name}) failed ({code}):\n{lines[-3000:]}")
-                out[name] = json.loads(result.read_text())
+            spec = Path(tmp) / "runs.json"
+            spec.write_text(json.dumps({name: list(sets) for name, sets in runs.items()}))
+            argv = [sys.executable, "-m", "bench.ps_rpcs", "worker", data, tmp, ",".join(cluster.ps_addresses),
+                    str(spec)]
+            code = cluster.run_workers(1, argv, timeout_s=timeout_s)
+            if code != 0:
+                lines = "\n".join(c for ch in cluster.children for c in ch.lines)
+                raise RuntimeError(f"PS RPC worker failed ({code}):\n{lines[-3000:]}")
+            return {name: json.loads((Path(tmp) / f"{name}.json").read_text()) for name in runs}
         finally:
             cluster.teardown()
-    return out
 
 
 def _sets(argv: List[str]) -> List[str]:
@@ -258,8 +282,8 @@ def _sets(argv: List[str]) -> List[str]:
 
 
 def main(argv: List[str]) -> int:
-    if len(argv) >= 4 and argv[0] == "worker":
-        _worker(argv[1], argv[2], argv[3], _sets(argv[4:]))
+    if len(argv) == 5 and argv[0] == "worker":  # measure's worker: DATA OUT_DIR PS RUNS_JSON
+        _worker(argv[1], argv[2], argv[3], json.loads(Path(argv[4]).read_text()))
         return 0
     if not argv or argv[0].startswith("-"):
         print("usage: python -m bench.ps_rpcs DATA [--ps N] [--set KEY=VALUE ...]", file=sys.stderr)

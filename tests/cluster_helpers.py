@@ -17,6 +17,11 @@ from launch.gloo_rendezvous import GlooRendezvous, rank_env
 from launch.local_cluster import LAUNCH_ID_ENV, LocalCluster, free_ports
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The session's uninterrupted 2-worker + 2-PS quickstart run (conftest's ``launch_local_2w2ps``),
+# which test_distributed and test_tfjob_emulation compare against: its settings.
+LAUNCH_LOCAL_SETS = ["data.tasks_per_batch=16", "train.log_every=20", "train.checkpoint_every=40"]
+LAUNCH_LOCAL_STEPS = 150
 GMETA = [sys.executable, "-m", "gmeta_tf.cli.main"]
 
 
@@ -77,5 +82,5 @@ def stop_manual_ranks(cluster: LocalCluster) -> None:
         rdv.stop()
 
 
-__all__ = ["LAUNCH_ID_ENV", "LocalCluster", "processes_with_env", "rank_summaries", "run_gmeta",
+__all__ = ["LAUNCH_ID_ENV", "LAUNCH_LOCAL_SETS", "LAUNCH_LOCAL_STEPS", "LocalCluster", "processes_with_env", "rank_summaries", "run_gmeta",
            "start_ranks_manually", "stop_manual_ranks", "free_ports", "REPO", "GMETA"]

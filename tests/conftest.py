@@ -157,8 +157,13 @@ def prepared_rating_te(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def exported_model(request, prepared_kinds, tmp_path_factory):
     """``exported_model(name)``: run ``name`` of ``serve_fixture.RUNS`` trained and exported once
-    per session (per xdist worker), as (run dir, export dir, export.json)."""
+    per session (the xdist workers share it), as (run dir, export dir, export.json)."""
+    import json
+
     from serve_fixture import RUNS, train_and_export
+    from session_share import once_per_session
+
+    from gmeta_tf import export_format
 
     done = {}
 
@@ -166,7 +171,38 @@ def exported_model(request, prepared_kinds, tmp_path_factory):
         if name not in done:
             kind = RUNS[name][0]
             data = request.getfixturevalue("prepared_rating_te") if kind == "rating_te" else prepared_kinds[kind]
-            done[name] = train_and_export(data, tmp_path_factory.mktemp(f"run-{name}"), name)
+            # once per session, shared by the xdist workers (test_export, test_serve_http, ...)
+            root = once_per_session(tmp_path_factory, f"run-{name}", lambda out: train_and_export(data, out, name))
+            manifest = json.loads((root / "export" / export_format.PATH).read_text())
+            done[name] = (root / "run", root / "export", manifest)
         return done[name]
 
     return get
+
+
+# The 2-worker + 2-PS quickstart run several integration files compare against (test_distributed,
+# test_tfjob_emulation): `gmeta launch local` with cluster_helpers' LAUNCH_LOCAL_* settings.
+@pytest.fixture(scope="session")
+def launch_local_2w2ps(prepared_2500, tmp_path_factory):
+    """``(run dir, launcher stdout, launch id)`` of an uninterrupted ``gmeta launch local --workers
+    2 --ps 2`` of the quickstart config for ``LAUNCH_LOCAL_STEPS`` with ``LAUNCH_LOCAL_SETS``."""
+    import json
+    import uuid
+
+    from cluster_helpers import LAUNCH_ID_ENV, LAUNCH_LOCAL_SETS, LAUNCH_LOCAL_STEPS, run_gmeta
+    from session_share import once_per_session
+
+    def make(root: Path):
+        launch_id = uuid.uuid4().hex
+        args = ["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "500", "--config",
+                "configs/quickstart.yaml", "--data", str(prepared_2500), "--out", str(root / "run"),
+                "--steps", str(LAUNCH_LOCAL_STEPS)]
+        for s in LAUNCH_LOCAL_SETS:
+            args += ["--set", s]
+        r = run_gmeta(args, timeout=600, env={LAUNCH_ID_ENV: launch_id})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        (root / "launch.json").write_text(json.dumps({"stdout": r.stdout, "launch_id": launch_id}))
+
+    root = once_per_session(tmp_path_factory, "launch_local_2w2ps", make)
+    done = json.loads((root / "launch.json").read_text())
+    return root / "run", done["stdout"], done["launch_id"]

@@ -107,6 +107,7 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path, monkeypatch):
     assert os.path.basename(ckpt.latest()) == "ckpt-00000003"
 
 
+@pytest.mark.integration  # trains and saves through the object store twice (14 s on 2 cores)
 def test_object_store_commit_is_meta_json_last(monkeypatch):
     """On an object store nothing is renamed: a checkpoint whose ``meta.json`` (the commit) is
     missing -- an upload that died -- is never restored, even if ``latest`` names it, and the

@@ -46,6 +46,7 @@ def test_compiled_step_gives_the_uncompiled_loss_and_gradients(case, kind):
     assert max(np.abs(x).max() for x in g[len(dense_grads):]) > 1e-4  # row gradients reach the shadows
 
 
+@pytest.mark.integration  # several training steps compiled and not (15 s on 2 cores)
 def test_compiled_training_steps_track_the_uncompiled_ones():
     """Three applied steps each way from the same start: same losses, same dense weights after."""
     schema = tiny_schema("click")

@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from cluster_helpers import (
     LAUNCH_ID_ENV,
+    LAUNCH_LOCAL_SETS,
+    LAUNCH_LOCAL_STEPS,
     LocalCluster,
     free_ports,
     processes_with_env,
@@ -43,7 +44,7 @@ def data_dir(prepared_2500):
 
 def _args(data_dir, run_dir, steps, T, *sets):
     args = ["--config", "configs/quickstart.yaml", "--data", str(data_dir), "--out", str(run_dir),
-            "--steps", str(steps), "--set", f"data.tasks_per_batch={T}", "--set", "train.log_every=20"]
+            "--steps", str(steps), "--set", f"data.tasks_per_batch={T}"]
     for s in sets:
         args += ["--set", s]
     return args
@@ -54,14 +55,14 @@ def _eval_auc(run_dir):
     return evaluate(model, cfg, cfg.meta.algo)["auc"]
 
 
-def test_launch_local_two_workers_two_ps(data_dir, tmp_path):
-    launch_id = uuid.uuid4().hex
-    run = tmp_path / "dist"
-    r = run_gmeta(["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "500",
-                   *_args(data_dir, run, 200, 16, "train.checkpoint_every=100")],
-                  timeout=600, env={LAUNCH_ID_ENV: launch_id})
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "[ps0]" in r.stdout and "[ps1]" in r.stdout and "aggregate tasks/s" in r.stdout
+def _straight_args(data_dir, run_dir):
+    """The settings of the session's uninterrupted 2-worker run (``launch_local_2w2ps``)."""
+    return _args(data_dir, run_dir, LAUNCH_LOCAL_STEPS, 16, *LAUNCH_LOCAL_SETS)
+
+
+def test_launch_local_two_workers_two_ps(data_dir, tmp_path, launch_local_2w2ps):
+    run, stdout, launch_id = launch_local_2w2ps  # `gmeta launch local --workers 2 --ps 2`, once a session
+    assert "[ps0]" in stdout and "[ps1]" in stdout and "aggregate tasks/s" in stdout
     assert processes_with_env(LAUNCH_ID_ENV, launch_id) == []  # no orphans
 
     ranks = rank_summaries(run)
@@ -73,16 +74,16 @@ def test_launch_local_two_workers_two_ps(data_dir, tmp_path):
         assert len(rows) == 2 and min(rows) > 0, (table, rows)  # row-sharded over both PS
 
     single = tmp_path / "single"
-    r = run_gmeta(["train", *_args(data_dir, single, 200, 32)], timeout=600)
+    r = run_gmeta(["train", *_args(data_dir, single, LAUNCH_LOCAL_STEPS, 32)], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     auc_dist, auc_single = _eval_auc(run), _eval_auc(single)
     assert abs(auc_dist - auc_single) <= AUC_TOLERANCE, (auc_dist, auc_single)
     assert auc_dist > 0.58  # and it learned something
 
 
-def test_killed_ps_fails_clearly_and_resume_matches_uninterrupted(data_dir, tmp_path):
+def test_killed_ps_fails_clearly_and_resume_matches_uninterrupted(data_dir, tmp_path, launch_local_2w2ps):
     run = tmp_path / "interrupted"
-    args = _args(data_dir, run, 120, 16, "train.checkpoint_every=40")
+    args = _straight_args(data_dir, run)
     cluster = LocalCluster(log=lambda m: None)
     try:
         cluster.start_ps(2)
@@ -122,10 +123,7 @@ def test_killed_ps_fails_clearly_and_resume_matches_uninterrupted(data_dir, tmp_
     assert "resumed from" in r.stdout and "at step 40" in r.stdout
     assert all(s["start_step"] == 40 for s in rank_summaries(run).values())
 
-    straight = tmp_path / "uninterrupted"
-    r = run_gmeta(["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "400",
-                   *_args(data_dir, straight, 120, 16, "train.checkpoint_every=40")], timeout=500)
-    assert r.returncode == 0, r.stdout[-3000:]
+    straight = launch_local_2w2ps[0]  # the same settings, uninterrupted (tests/conftest.py)
     assert abs(_eval_auc(run) - _eval_auc(straight)) <= AUC_TOLERANCE
 
 

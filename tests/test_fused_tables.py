@@ -185,8 +185,10 @@ def test_config_key_is_validated():
 
 # -- training --------------------------------------------------------------------------------
 
+# Each case traces and trains two models; the second-order one (20 s on 2 cores) runs in the
+# integration tier, the first-order one stays in the unit tier.
 @pytest.mark.parametrize("algo,adapt,opt,bp_v2", [
-    ("maml", "top", "adam", True),  # distributed mode's tables: the apply adds deltas
+    pytest.param("maml", "top", "adam", True, marks=pytest.mark.integration),  # distributed mode's tables: the apply adds deltas
     ("fomaml", "dense+embedding", "adagrad", False),
     pytest.param("erm", "top", "adam", False, marks=pytest.mark.integration),
 ])
@@ -208,6 +210,7 @@ def test_fused_trains_exactly_as_per_table(algo, adapt, opt, bp_v2):
         assert (got["item"][0] > table.codec.mask).sum() > 10  # large ids, decoded
 
 
+@pytest.mark.integration  # traces steps of 7 and 14 tables (20 s on 2 cores)
 def test_hash_ops_per_step_do_not_grow_with_the_tables():
     """A fused step runs the same hash-table ops for 3 tables as for 6; per table they grow."""
     def ops(n, fuse):
@@ -226,6 +229,7 @@ def test_hash_ops_per_step_do_not_grow_with_the_tables():
 
 # -- checkpoints -----------------------------------------------------------------------------
 
+@pytest.mark.integration  # trains, saves and resumes across the switch (20 s on 2 cores)
 def test_checkpoints_are_the_same_files_and_a_run_resumes_across_the_switch(tmp_path):
     """Fused and per-table runs write the same files (what export reads: checkpoint_reader goes
     through ``table_files.read_table``), and each restores into the other and trains on alike."""

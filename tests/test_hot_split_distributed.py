@@ -10,7 +10,14 @@ import uuid
 
 import numpy as np
 import pytest
-from cluster_helpers import LAUNCH_ID_ENV, processes_with_env, rank_summaries, run_gmeta
+from cluster_helpers import (
+    LAUNCH_ID_ENV,
+    LAUNCH_LOCAL_SETS,
+    LAUNCH_LOCAL_STEPS,
+    processes_with_env,
+    rank_summaries,
+    run_gmeta,
+)
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.data.id_profile import load_profile, profile_ids, write_profile
@@ -26,7 +33,7 @@ pytestmark = pytest.mark.integration  # horovodrun with real PS processes
 # per rank: the runs differ by that and by run-to-run asynchrony, not by more.
 AUC_TOLERANCE = 0.03
 BUDGET = "1MiB"  # ~5.5k rows of dim 16 with Adam: item ids and tags keep a cold tail on the PS
-STEPS = 200
+STEPS = LAUNCH_LOCAL_STEPS  # the session's 2-worker run without the split is the plain path's run
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +47,8 @@ def _launch(data_dir, run, *sets):
     launch_id = uuid.uuid4().hex
     args = ["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "400",
             "--config", "configs/quickstart.yaml", "--data", str(data_dir), "--out", str(run),
-            "--steps", str(STEPS), "--set", "data.tasks_per_batch=16", "--set", "train.log_every=50",
-            "--set", "train.checkpoint_every=100"]
-    for s in sets:
+            "--steps", str(STEPS)]
+    for s in [*LAUNCH_LOCAL_SETS, *sets]:
         args += ["--set", s]
     r = run_gmeta(args, timeout=480, env={LAUNCH_ID_ENV: launch_id})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
@@ -55,7 +61,7 @@ def _auc(run):
     return evaluate(model, cfg, cfg.meta.algo)["auc"]
 
 
-def test_hot_split_two_workers_two_ps(prepared_2500, profile_dir, tmp_path):
+def test_hot_split_two_workers_two_ps(prepared_2500, profile_dir, tmp_path, launch_local_2w2ps):
     hot_run = tmp_path / "hot"
     log = _launch(prepared_2500, hot_run, f"hot.budget={BUDGET}", f"hot.profile={profile_dir / 'id_profile.npz'}")
     assert "hot set:" in log and "sparse" in log and "dense" in log  # both exchanges in use
@@ -89,9 +95,10 @@ def test_hot_split_two_workers_two_ps(prepared_2500, profile_dir, tmp_path):
             assert set(ids.tolist()) <= set(sdata["keys"].tolist()), (table, slot)
     assert hot_digest(from_ckpt) == ranks[0]["hot_digest"]
 
-    # Split off (budget 0): the plain PS path, and test metrics within the tolerance.
-    plain_run = tmp_path / "plain"
-    log = _launch(prepared_2500, plain_run, "hot.budget=0", f"hot.profile={profile_dir / 'id_profile.npz'}")
+    # Split off (hot.budget 0, the default): the plain PS path, the same run otherwise (the
+    # session's, tests/conftest.py), and test metrics within the tolerance.
+    plain_run, log, _ = launch_local_2w2ps
+    assert load_config(plain_run / "config.yaml").hot.budget == 0
     assert "hot set:" not in log
     plain = rank_summaries(plain_run)
     assert all("hot_digest" not in s for s in plain.values())

@@ -149,9 +149,9 @@ def _state(model, emb_opt):
     return out
 
 
-# The unit tier runs the default path (Adam, prefetch on); the other two run in the full suite.
+# Each case builds, profiles and traces two models (about 25 s on 2 cores): the integration tier.
 @pytest.mark.parametrize("optimizer,adapt,prefetch,bp_v2", [
-    ("adam", "top", True, True),
+    pytest.param("adam", "top", True, True, marks=pytest.mark.integration),
     pytest.param("adagrad", "dense+embedding", True, False, marks=pytest.mark.integration),
     pytest.param("adam", "top", False, False, marks=pytest.mark.integration)])
 def test_step_with_hot_rows_matches_plain_tables(optimizer, adapt, prefetch, bp_v2):

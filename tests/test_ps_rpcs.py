@@ -90,7 +90,7 @@ def test_rpcs_per_step_on_real_ps_follow_the_tables(prepared_2500, tmp_path):
         "fused_x2": [*fused, f"data.path={wide}"],
         "per_table_adagrad": [*per_table, adagrad],
         "fused_tfra_adagrad": [*fused, "model.ps_requests=per_table", adagrad],  # TFRA's apply on the fused table
-    }, timeout_s=400)
+    }, timeout_s=600)  # one worker process for every run
     for name, r in runs.items():
         assert r["ps_rpcs_per_step"] == r["ps_rpcs_formula"], (name, r)
         assert r["ps_hash_ops_per_step"] == r["ps_hash_ops_formula"], (name, r)

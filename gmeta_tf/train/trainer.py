@@ -33,6 +33,7 @@ from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.failures import is_peer_failure, step_failure_error
+from gmeta_tf.train.fault_pause import freeze, pause_point
 from gmeta_tf.train.model_build import CONFIG_FILE, build_model
 from gmeta_tf.train.preemption import PreemptionWatch
 from gmeta_tf.train.progress import Window, log_window, previous_history
@@ -200,6 +201,7 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
     upcoming = next(it) if start < end else None
     step = start
     restarts = from_env() if rt.rank == 0 else []  # gmeta launch local --max-restarts
+    pause = pause_point()  # a fault test's trigger (GMETA_PAUSE_AT_STEP); None in a real job
     try:  # the step and every collective after it (log, validation, checkpoint)
         for step in range(start + 1, end + 1):
             # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
@@ -227,6 +229,8 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
                     built.ckpt.mark_best(path, tracker.summary())
                 if preempted and not last:
                     raise _preempted(rt, watch, step, path, time.perf_counter() - t0)
+            if pause is not None and pause.due(step, rt.rank):
+                freeze()
             if stopped:
                 if rt.rank == 0:
                     rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from fault_helpers import FAULT_ENV, TINY_SETS, project_processes
+from fault_helpers import FAULT_ENV, TINY_SETS, _finish, _spawn, one_worker_argv, project_processes
+from session_share import once_per_session
 
 ORPHAN_GRACE_S = 30.0  # a PS notices a dead launcher within a second; give slow boxes room
 
@@ -63,14 +64,23 @@ def tiny_data(tmp_path_factory) -> Path:
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.data.synth import synth
 
-    root = tmp_path_factory.mktemp("faults_data")
-    synth(str(root / "raw"), tasks=300, seed=3, rows_per_file=10000)
-    cfg = PrepareConfig(query=4, max_support=8, min_task_size=12, valid_frac=0.1, test_frac=0.2,
-                        shards=2, seed=0)
-    prepare([str(root / "raw")], str(root / "prepared"), cfg)
-    return root / "prepared"
+    def make(root: Path):
+        synth(str(root / "raw"), tasks=300, seed=3, rows_per_file=10000)
+        cfg = PrepareConfig(query=4, max_support=8, min_task_size=12, valid_frac=0.1, test_frac=0.2,
+                            shards=2, seed=0)
+        prepare([str(root / "raw")], str(root / "prepared"), cfg)
+    return once_per_session(tmp_path_factory, "faults_data", make) / "prepared"
 
 
+@pytest.fixture(scope="session")
+def reference_run(tiny_data, tmp_path_factory) -> Path:
+    """One worker + one PS on loopback, uninterrupted, to ``REFERENCE_STEPS``: the model every
+    one-worker fault test must end at (test_restarts.py) and the losses an emulated link must
+    reproduce (test_emulated_hosts.py). Trained once per session, whichever test asks first."""
+    def make(root: Path):
+        code, out = _finish(_spawn(one_worker_argv(tiny_data, root / "run")), timeout=400)
+        assert code == 0, out[-3000:]
+    return once_per_session(tmp_path_factory, "reference", make) / "run"
 
 
 @pytest.fixture

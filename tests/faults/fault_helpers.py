@@ -7,7 +7,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import Callable, List
+
+from gmeta_tf.train.fault_pause import PAUSE_ENV
 
 FAULT_ENV = "GMETA_FAULT_TEST"  # on every process a fault test starts, through the environment
 _PROJECT = (b"gmeta", b"ps serve", b"horovod")
@@ -50,11 +52,16 @@ def _sets(*extra):
     return [a for s in [*TINY_SETS, *extra] for a in ("--set", s)]
 
 
-def _spawn(argv):
-    """A project process in its own session (so a kill here hits only it), output to a file."""
+def _spawn(argv, pause_at=None):
+    """A project process in its own session (so a kill here hits only it), output to a file.
+    ``pause_at`` ("N" or "N:RANK"): its ranks freeze themselves after step N
+    (``GMETA_PAUSE_AT_STEP``, gmeta_tf/train/fault_pause.py), the fault's exact moment."""
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"fault-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
+    env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
+    if pause_at is not None:
+        env[PAUSE_ENV] = str(pause_at)
     proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**env, "PYTHONUNBUFFERED": "1"})
     proc.log = log
     return proc
 
@@ -106,6 +113,17 @@ def _launch_argv(tiny_data, run, steps=40):
             "--data", str(tiny_data), "--out", str(run), "--steps", str(steps), *_sets()]
 
 
+REFERENCE_STEPS = 60  # crosses a fault at step 20 (checkpoints every 10) with steps left to redo
+
+
+def one_worker_argv(tiny_data, run, *extra_sets, restarts=0, steps=REFERENCE_STEPS):
+    """``gmeta launch local`` with one worker and one PS: the configuration whose runs are
+    deterministic across a resume, so a faulted run must end at the reference model."""
+    argv = _launch_argv(tiny_data, run, steps=steps)
+    argv[argv.index("--workers") + 1] = "1"
+    return [*argv, "--max-restarts", str(restarts), "--restart-backoff", "0.5", *_sets(*extra_sets)]
+
+
 def _complete_steps(run):
     return sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
 
@@ -117,3 +135,42 @@ def _cmd(pid) -> bytes:
         return b""
 
 
+
+
+# -- a rank frozen at its pause step (GMETA_PAUSE_AT_STEP), and signals waiting for it -------------
+def _state(pid) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _wait_frozen(pids: Callable[[], List[int]], proc, timeout=300, what="a rank to freeze") -> int:
+    """The pid, among ``pids()``, that froze itself (state T); fails if ``proc`` ends first."""
+    found: List[int] = []
+
+    def frozen():
+        found[:] = [p for p in pids() if _state(p) == "T"]
+        return bool(found) or proc.poll() is not None
+    _wait_for(frozen, timeout, what)
+    assert found, f"{what}: the process ended first\n{_output(proc)[-3000:]}"
+    return found[0]
+
+
+def _pending(pid, sig) -> bool:
+    """Whether ``sig`` waits, undelivered, for ``pid`` (a frozen process cannot take it yet)."""
+    bit = 1 << (int(sig) - 1)
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            masks = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except OSError:
+        return False
+    return any(m & bit for m in masks)
+
+
+def _resume_once_pending(pid, sig, timeout=60):
+    """Let the frozen ``pid`` go on once ``sig`` (sent by the test or forwarded by the launcher)
+    waits for it: it then takes the signal right after the step it froze at."""
+    _wait_for(lambda: _pending(pid, sig), timeout, f"{signal.Signals(sig).name} pending for {pid}")
+    os.kill(pid, signal.SIGCONT)

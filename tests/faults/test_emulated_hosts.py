@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import TINY_SETS
+from fault_helpers import REFERENCE_STEPS, TINY_SETS
 
 from gmeta_tf.cluster.worker import own_job
 from gmeta_tf.errors import ClusterError
@@ -38,8 +38,8 @@ STEPS = 20
 needs_netns = pytest.mark.skipif(missing_privilege() is not None, reason=f"{missing_privilege()}")
 
 
-def _train_args(tiny_data, run):
-    return ["--data", str(tiny_data), "--out", str(run), "--steps", str(STEPS),
+def _train_args(tiny_data, run, steps=STEPS):
+    return ["--data", str(tiny_data), "--out", str(run), "--steps", str(steps),
             *[a for s in TINY_SETS for a in ("--set", s)]]
 
 
@@ -67,9 +67,12 @@ def test_own_job_is_empty_unless_an_address_is_given():
 @needs_netns
 @pytest.mark.integration
 @pytest.mark.parametrize("workers, tolerance", [(1, 1e-5), (2, 1e-2)])
-def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path, workers, tolerance):
+def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path, workers, tolerance, request):
+    """One worker is compared with the session's loopback reference run (tests/faults/conftest.py),
+    so it trains that run's steps; two workers with a loopback run of their own."""
     emu, loop = tmp_path / "emulated", tmp_path / "loopback"
-    p = subprocess.Popen([*_launcher("rate=100mbit", workers, 400), *_train_args(tiny_data, emu)],
+    steps = REFERENCE_STEPS if workers == 1 else STEPS
+    p = subprocess.Popen([*_launcher("rate=100mbit", workers, 400), *_train_args(tiny_data, emu, steps)],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = p.communicate(timeout=500)
@@ -80,14 +83,17 @@ def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path, worker
     assert p.returncode == 0, out[-4000:]
     assert f"{workers + 1} emulated hosts (rate=100mbit: 100mbit" in out, out[-4000:]
     assert _namespaces_of(p.pid) == []
-    r = subprocess.run([*GMETA, "launch", "local", "--workers", str(workers), "--ps", "1", "--timeout", "400",
-                        *_train_args(tiny_data, loop)], cwd=REPO, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    if workers == 1:
+        loop = request.getfixturevalue("reference_run")
+    else:
+        r = subprocess.run([*GMETA, "launch", "local", "--workers", str(workers), "--ps", "1", "--timeout", "400",
+                            *_train_args(tiny_data, loop)], cwd=REPO, capture_output=True, text=True, timeout=500)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (emu_losses, emu_summary), (loop_losses, loop_summary) = _losses(emu), _losses(loop)
-    assert [s for s, _ in emu_losses] == [s for s, _ in loop_losses] == list(range(10, STEPS + 1, 10))
+    assert [s for s, _ in emu_losses] == [s for s, _ in loop_losses] == list(range(10, steps + 1, 10))
     for (step, a), (_, b) in zip(emu_losses, loop_losses):
         assert abs(a - b) <= tolerance, (step, a, b)
-    assert (emu_summary["ranks"], emu_summary["ps"], emu_summary["last_step"]) == (workers, 1, STEPS)
+    assert (emu_summary["ranks"], emu_summary["ps"], emu_summary["last_step"]) == (workers, 1, steps)
     assert (loop_summary["ranks"], loop_summary["ps"]) == (workers, 1)
     print(f"tasks/s (rank 0): emulated {emu_summary['tasks_per_s']:.1f}, loopback {loop_summary['tasks_per_s']:.1f}; "
           f"dense digests {emu_summary['dense_digest']} / {loop_summary['dense_digest']}")

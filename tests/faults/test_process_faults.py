@@ -26,6 +26,7 @@ from fault_helpers import (
     _sets,
     _spawn,
     _wait_for,
+    _wait_frozen,
     project_processes,
 )
 
@@ -124,14 +125,10 @@ def test_cluster_faults_in_sequence(tiny_data, tmp_path, no_orphans):
 # -- 4. a stalled worker is not blamed on the PS -------------------------------------------------
 def test_stalled_worker_is_named_not_the_ps(tiny_data, tmp_path, no_orphans):
     run = tmp_path / "run"
-    proc = _spawn(_launch_argv(tiny_data, run, steps=400))
+    proc = _spawn(_launch_argv(tiny_data, run, steps=60), pause_at="10:1")  # rank 1 freezes after step 10
     stopped = []
     try:
-        _wait_for(lambda: _ckpt_done(run, 10) or proc.poll() is not None, 300, "checkpoint 10")
-        time.sleep(random.Random(SEED).uniform(0.0, 1.0))
-        stopped = _rank_pids(no_orphans, 1)
-        assert len(stopped) == 1, stopped
-        os.kill(stopped[0], signal.SIGSTOP)
+        stopped = [_wait_frozen(lambda: _rank_pids(no_orphans, 1), proc, what="rank 1 to freeze after step 10")]
         code, out = _finish(proc, timeout=400)
     finally:
         for pid in stopped:  # a stopped process cannot act on SIGTERM; let it go

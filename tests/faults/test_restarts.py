@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 from fault_helpers import (
     GMETA,
+    REFERENCE_STEPS,
     TINY_SETS,
     _cmd,
     _complete_steps,
@@ -33,16 +34,22 @@ from fault_helpers import (
     _launch_argv,
     _output,
     _rank_pids,
+    _resume_once_pending,
     _sets,
     _spawn,
     _wait_for,
+    _wait_frozen,
+    one_worker_argv,
     project_processes,
 )
 
 from gmeta_tf.errors import EXIT_CLUSTER_FAULT, EXIT_PREEMPTED
 from launch.network.netns import list_namespaces, missing_privilege
 
-STEPS = 200  # long enough that a kill at checkpoint 20 lands mid-run (~40 steps/s here)
+# Every fault lands at an exact step: the rank freezes itself there (``pause_at``, the trainer's
+# GMETA_PAUSE_AT_STEP), the test kills or signals, then lets it go on. So a run needs only the
+# steps that cross the fault, not a margin for a loaded box, and the step redone is exact.
+STEPS = REFERENCE_STEPS
 
 
 def _final_state(run: Path, step: int = STEPS):
@@ -66,25 +73,10 @@ def _assert_same_model(run: Path, reference: Path):
         np.testing.assert_allclose(got_tables[name][1], values, atol=1e-5, err_msg=name)
 
 
-def _one_worker_argv(tiny_data, run, *extra_sets, restarts=0, steps=STEPS):
-    argv = _launch_argv(tiny_data, run, steps=steps)
-    argv[argv.index("--workers") + 1] = "1"
-    return [*argv, "--max-restarts", str(restarts), "--restart-backoff", "0.5", *_sets(*extra_sets)]
-
-
 def _assert_all_complete(run: Path):
     left = [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-")
             and not (p / "meta.json").exists()]
     assert not left, f"incomplete checkpoints left: {left}"
-
-
-@pytest.fixture(scope="module")
-def reference_run(tiny_data, tmp_path_factory):
-    """One worker + one PS, uninterrupted, to ``STEPS``."""
-    run = tmp_path_factory.mktemp("reference") / "run"
-    code, out = _finish(_spawn(_one_worker_argv(tiny_data, run)), timeout=400)
-    assert code == 0, out[-3000:]
-    return run
 
 
 # -- 0. SIGTERM to the embedded trainer: the same protocol in one process -------------------------
@@ -95,13 +87,14 @@ def test_sigterm_to_the_embedded_trainer_saves_the_step_it_reached(tiny_data, tm
     run = tmp_path / "run"
     argv = [*GMETA, "train", "--data", str(tiny_data), "--out", str(run), "--steps", str(STEPS),
             *_sets("train.checkpoint_every=1000")]
-    proc = _spawn(argv)
-    _wait_for(lambda: f"step 10/{STEPS}" in _output(proc) or proc.poll() is not None, 300, "step 10")
+    proc = _spawn(argv, pause_at=10)
+    _wait_frozen(lambda: [proc.pid], proc, what="the trainer to freeze after step 10")
     os.kill(proc.pid, signal.SIGTERM)
+    _resume_once_pending(proc.pid, signal.SIGTERM)
     code, out = _finish(proc, timeout=60)
     assert code == EXIT_PREEMPTED, out[-3000:]  # SIGTERM's own code, as a platform expects
     steps = _complete_steps(run)
-    assert len(steps) == 1 and 10 <= steps[0] < STEPS, (steps, out[-3000:])
+    assert steps == [11], (steps, out[-3000:])  # the very next step: its all-reduce carried the vote
     code, out = _finish(_spawn(argv), timeout=300)
     assert code == 0 and f"at step {steps[0]}" in out, out[-3000:]
     straight = train(load_config(None, [f"data.path={tiny_data}", f"train.steps={STEPS}", *TINY_SETS]),
@@ -114,23 +107,23 @@ def test_sigterm_to_the_launcher_checkpoints_every_step_and_resumes_exactly(tiny
                                                                            reference_run):
     run = tmp_path / "run"
     # no periodic checkpoint before the end: whatever is saved, the preemption saved it
-    argv = _one_worker_argv(tiny_data, run, "train.checkpoint_every=1000", "train.preemption_grace_s=60")
-    proc = _spawn(argv)
-    _wait_for(lambda: f"step 10/{STEPS}" in _output(proc) or proc.poll() is not None, 300, "step 10")
-    assert proc.poll() is None, _output(proc)
+    argv = one_worker_argv(tiny_data, run, "train.checkpoint_every=1000", "train.preemption_grace_s=60")
+    proc = _spawn(argv, pause_at=10)
+    rank0 = _wait_frozen(lambda: _rank_pids(no_orphans, 0), proc, what="rank 0 to freeze after step 10")
     sent = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a platform would
+    _resume_once_pending(rank0, signal.SIGTERM)  # once the launcher has passed it on
     code, out = _finish(proc, timeout=120)
     took = time.monotonic() - sent
     assert code == EXIT_PREEMPTED, out[-3000:]
     assert took < 60, took  # within the grace period
     steps = _complete_steps(run)
-    assert len(steps) == 1 and 10 <= steps[0] < STEPS, (steps, out[-3000:])
+    assert steps == [11], (steps, out[-3000:])
     assert f"checkpointed step {steps[0]}" in out, out[-3000:]
     _assert_all_complete(run)
     _wait_for(lambda: not project_processes(no_orphans), 30, "every process of the launch to exit")
 
-    code, out = _finish(_spawn(_one_worker_argv(tiny_data, run)), timeout=400)
+    code, out = _finish(_spawn(one_worker_argv(tiny_data, run)), timeout=400)
     assert code == 0, out[-3000:]
     assert f"at step {steps[0]}" in out, out[-3000:]  # resumed where it was stopped: nothing redone
     _assert_same_model(run, reference_run)
@@ -140,19 +133,20 @@ def test_sigterm_to_the_launcher_checkpoints_every_step_and_resumes_exactly(tiny
 def test_killed_ps_restarts_the_cluster_and_resumes_to_the_same_model(tiny_data, tmp_path, no_orphans,
                                                                       reference_run):
     run = tmp_path / "run"
-    proc = _spawn(_one_worker_argv(tiny_data, run, restarts=1, steps=STEPS))
-    _wait_for(lambda: 20 in _complete_steps(run) if (run / "checkpoints").exists() else proc.poll() is not None,
-              300, "checkpoint 20")
+    proc = _spawn(one_worker_argv(tiny_data, run, restarts=1, steps=STEPS), pause_at=20)
+    rank0 = _wait_frozen(lambda: _rank_pids(no_orphans, 0), proc, what="rank 0 to freeze after step 20")
+    assert _complete_steps(run) == [10, 20], _output(proc)[-2000:]
     victims = [p for p in project_processes(no_orphans) if b"ps serve" in _cmd(p)]
     assert len(victims) == 1 and proc.poll() is None, (victims, _output(proc)[-2000:])
     os.kill(victims[0], signal.SIGKILL)
+    os.kill(rank0, signal.SIGCONT)  # its next request finds the PS gone
     code, out = _finish(proc, timeout=400)
     assert code == 0, out[-3000:]
     assert "[launch] restart 1/1: ps:0 (127.0.0.1:" in out and "died (killed by SIGKILL)" in out, out[-3000:]
     summary = json.loads((run / "train_summary.json").read_text())
     (restart,) = summary["restarts"]
     assert restart["cause"].startswith("ps:0 (127.0.0.1:") and restart["exit_code"] == -9, restart
-    assert 20 <= restart["resumed_from_step"] < STEPS and 0 <= restart["steps_redone"] <= 10, restart
+    assert restart["resumed_from_step"] == 20 and 0 <= restart["steps_redone"] <= 1, restart
     assert restart["recovery_s"] > 0, restart
     _assert_all_complete(run)
     _assert_same_model(run, reference_run)
@@ -161,23 +155,24 @@ def test_killed_ps_restarts_the_cluster_and_resumes_to_the_same_model(tiny_data,
 # -- 3. SIGTERM to one of two workers: both agree on one step; the restart redoes none --------------
 def test_sigterm_to_one_worker_makes_both_checkpoint_one_step(tiny_data, tmp_path, no_orphans):
     run = tmp_path / "run"
-    argv = [*_launch_argv(tiny_data, run, steps=400), "--max-restarts", "1", "--restart-backoff", "0.5",
+    argv = [*_launch_argv(tiny_data, run, steps=STEPS), "--max-restarts", "1", "--restart-backoff", "0.5",
             *_sets("train.checkpoint_every=1000")]
-    proc = _spawn(argv)
-    _wait_for(lambda: "step 20/400" in _output(proc) or proc.poll() is not None, 300, "step 20")
-    (rank1,) = _rank_pids(no_orphans, 1)
+    proc = _spawn(argv, pause_at="20:1")  # rank 1 freezes after step 20; rank 0 waits for it in step 21
+    rank1 = _wait_frozen(lambda: _rank_pids(no_orphans, 1), proc, what="rank 1 to freeze after step 20")
     os.kill(rank1, signal.SIGTERM)
+    _resume_once_pending(rank1, signal.SIGTERM)
     code, out = _finish(proc, timeout=400)
     assert code == 0, out[-3000:]
     agreed = {int(m.group(1)) for m in re.finditer(r"preempted .*checkpointed step (\d+)", out)}
     assert len(agreed) == 1, out[-3000:]  # every rank named the same step
+    assert agreed == {21}, out[-3000:]  # the step whose all-reduce carried rank 1's vote
     (step,) = agreed
     # every rank exits 143 once the agreed step is saved; the first to exit is the one named
     assert re.search(r"restart 1/1: worker rank [01] was stopped by SIGTERM and checkpointed", out), out[-3000:]
     (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
     assert restart["resumed_from_step"] == step and restart["steps_redone"] == 0, restart
     ranks = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
-    assert [r["last_step"] for r in ranks] == [400, 400]
+    assert [r["last_step"] for r in ranks] == [STEPS, STEPS]
     assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]  # replicas identical after the restart
     _assert_all_complete(run)
 
@@ -185,19 +180,17 @@ def test_sigterm_to_one_worker_makes_both_checkpoint_one_step(tiny_data, tmp_pat
 # -- 4. kill -9 of a worker under --max-restarts ---------------------------------------------------
 def test_killed_worker_restarts_the_cluster(tiny_data, tmp_path, no_orphans):
     run = tmp_path / "run"
-    argv = [*_launch_argv(tiny_data, run, steps=400), "--max-restarts", "1", "--restart-backoff", "0.5"]
-    proc = _spawn(argv)
-    _wait_for(lambda: 20 in _complete_steps(run) if (run / "checkpoints").exists() else proc.poll() is not None,
-              300, "checkpoint 20")
-    (rank1,) = _rank_pids(no_orphans, 1)
+    argv = [*_launch_argv(tiny_data, run, steps=STEPS), "--max-restarts", "1", "--restart-backoff", "0.5"]
+    proc = _spawn(argv, pause_at="20:1")
+    rank1 = _wait_frozen(lambda: _rank_pids(no_orphans, 1), proc, what="rank 1 to freeze after step 20")
     os.kill(rank1, signal.SIGKILL)
     code, out = _finish(proc, timeout=400)
     assert code == 0, out[-3000:]
     assert "restart 1/1: worker rank 1 failed (killed by SIGKILL)" in out, out[-3000:]
     (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
-    assert restart["resumed_from_step"] >= 20 and restart["steps_redone"] <= 10, restart
+    assert restart["resumed_from_step"] == 20 and restart["steps_redone"] <= 1, restart
     ranks = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
-    assert [r["last_step"] for r in ranks] == [400, 400]
+    assert [r["last_step"] for r in ranks] == [STEPS, STEPS]
     assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
     _assert_all_complete(run)
 
@@ -220,11 +213,11 @@ def test_ps_restarted_at_the_same_address_stops_the_worker(tiny_data, tmp_path, 
     ps = start_ps(health)
     worker = second = None
     try:
-        worker = _spawn([*train, "--steps", "5000"])
-        _wait_for(lambda: 20 in _complete_steps(run) if (run / "checkpoints").exists() else worker.poll() is not None,
-                  300, "checkpoint 20")
-        os.kill(worker.pid, signal.SIGSTOP)  # so that its next request reaches the new PS, not a dead port
+        worker = _spawn([*train, "--steps", "5000"], pause_at=20)
+        # frozen, so that its next request reaches the new PS, not a dead port
+        _wait_frozen(lambda: [worker.pid], worker, what="the worker to freeze after step 20")
         before = _complete_steps(run)
+        assert before == [10, 20], before
         os.kill(ps.pid, signal.SIGKILL)
         ps.wait()
         second = start_ps(free_ports(1)[0])  # the same PS address, a fresh process with no tables
@@ -250,17 +243,17 @@ def test_ps_restarted_at_the_same_address_stops_the_worker(tiny_data, tmp_path, 
 # -- 6. emulated links: a PS cut off for 5 s, then 2% loss on a worker's link ----------------------
 @pytest.mark.skipif(missing_privilege() is not None, reason=f"emulated network: {missing_privilege()}")
 def test_a_cut_off_ps_and_a_lossy_link_ride_through_or_restart(tiny_data, tmp_path, no_orphans, reference_run):
-    """On emulated hosts (``--network``): ps0's link down for 5 s at step 30, then 2% of the packets
-    on worker0's link dropped from step 60. TCP rides through both (or, if a connection gives
+    """On emulated hosts (``--network``): ps0's link down for 5 s at step 20, then 2% of the packets
+    on worker0's link dropped from step 40. TCP rides through both (or, if a connection gives
     up, one restart resumes): the run must end at its step, never hang past the time-out, leave
     no namespace, and train the model the uninterrupted loopback run trained (one worker)."""
     run = tmp_path / "run"
-    argv = [*_one_worker_argv(tiny_data, run, restarts=1), "--network", "rate=100mbit",
-            "--network-fault", "ps0:cut=5@30", "--network-fault", "worker0:loss=0.02@60"]
+    argv = [*one_worker_argv(tiny_data, run, restarts=1), "--network", "rate=100mbit",
+            "--network-fault", "ps0:cut=5@20", "--network-fault", "worker0:loss=0.02@40"]
     proc = _spawn(argv)
     code, out = _finish(proc, timeout=600)
     assert code == 0, out[-3000:]
-    assert "[launch] step 3" in out and "network fault ps0 cut=5" in out and "ps0: link restored" in out, out[-3000:]
+    assert "[launch] step 2" in out and "network fault ps0 cut=5" in out and "ps0: link restored" in out, out[-3000:]
     assert "network fault worker0 loss=0.02" in out, out[-3000:]
     assert not [n for n in list_namespaces() if n.startswith(f"gm-{proc.pid}-")]
     _assert_all_complete(run)
