@@ -90,8 +90,11 @@ class BodyLimit:
             size += len(chunk)
             if size > self.max_bytes:
                 del chunks
-                ended = not message.get("more_body", False)
-                await self._refuse(receive, send, declared, 0 if ended else None if declared is None else declared - size)
+                if not message.get("more_body", False):
+                    rest = 0  # the chunk that passed the limit was the last
+                else:
+                    rest = None if declared is None else declared - size
+                await self._refuse(receive, send, declared, rest)
                 return None
             if chunk:
                 chunks.append(chunk)
