@@ -14,6 +14,10 @@ would, and prints one JSON object:
   (the bench's row, repeated: a valid request without a limit), its length declared or chunked:
   status, seconds, MB the client got to send, the server's RSS before and after, and its peak
   so far (MiB);
+* ``python_300mb``: the same body sent as most clients send one, whole before the answer is
+  read: Python's ``http.client`` and ``requests``, its length declared or chunked: what the client
+  saw (the status and the start of the answer, or the exception), seconds, the server's RSS
+  before and after, and its peak so far (issue 44: before, ``http.client`` saw a connection reset);
 * ``stalled_100``: 100 clients send half a request and stall; a normal request's latency
   meanwhile; then they hang up: new log lines, lines at ERROR, tracebacks, 499 lines;
 * ``after``: the status of a normal request after all of it.
@@ -84,6 +88,53 @@ def _big(port: int, pid: int, work: Path, chunked: bool) -> Dict:
             "rss_mib_after": round(rss_mib(pid), 1), "rss_mib_peak_so_far": round(rss_mib(pid, "VmHWM"), 1)}
 
 
+class _Sized:
+    """Chunks with a known total, so ``requests`` declares a ``Content-Length`` instead of chunking."""
+
+    def __init__(self, length: int, chunks: Iterator[bytes]):
+        self.length, self.chunks = length, chunks
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.chunks
+
+
+def _send_whole_then_read(port: int, client: str, length: int, chunks: Iterator[bytes], chunked: bool) -> str:
+    headers = {"content-type": "application/json"}
+    if client == "requests":
+        import requests
+
+        r = requests.post(f"http://127.0.0.1:{port}{PATH}", data=chunks if chunked else _Sized(length, chunks),
+                          headers=headers, timeout=300)
+        return f"{r.status_code} {r.text}"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        conn.request("POST", PATH, body=chunks, encode_chunked=chunked,
+                     headers={**headers, **({} if chunked else {"content-length": str(length)})})
+        resp = conn.getresponse()
+        return f"{resp.status} {resp.read().decode('utf-8', 'replace')}"
+    finally:
+        conn.close()
+
+
+def _python_client(port: int, pid: int, work: Path, client: str, chunked: bool) -> Dict:
+    time.sleep(1.0)
+    rss0 = rss_mib(pid)
+    length, chunks = _rows_body(work, SIZE)
+    t0 = time.perf_counter()
+    try:
+        seen = _send_whole_then_read(port, client, length, chunks, chunked)
+    except Exception as e:  # what the client saw is the measurement
+        seen = f"{type(e).__name__}: {e}"
+    seconds = time.perf_counter() - t0
+    time.sleep(2.0)
+    return {"client_saw": seen[:200], "seconds": round(seconds, 2), "body_mb": round(length / 1e6, 1),
+            "rss_mib_before": round(rss0, 1), "rss_mib_after": round(rss_mib(pid), 1),
+            "rss_mib_peak_so_far": round(rss_mib(pid, "VmHWM"), 1)}
+
+
 def _stalled(port: int, log: Path, work: Path, clients: int = 100) -> Dict:
     time.sleep(0.5)
     before = log.read_text()
@@ -108,6 +159,9 @@ def measure(repo: Path = REPO, work: Path = WORK) -> Dict:
         out["warm"] = _post(port, _one_row_body(work))[0]
         out["body_300mb_content_length"] = _big(port, proc.pid, work, chunked=False)
         out["body_300mb_chunked"] = _big(port, proc.pid, work, chunked=True)
+        out["python_300mb"] = {f"{client} {'chunked' if chunked else 'content-length'}":
+                               _python_client(port, proc.pid, work, client, chunked)
+                               for client in ("http.client", "requests") for chunked in (False, True)}
         out["stalled_100"] = _stalled(port, log, work)
         out["after"] = _post(port, _one_row_body(work))[0]
         out["rss_mib_end"] = round(rss_mib(proc.pid), 1)

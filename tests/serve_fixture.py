@@ -10,10 +10,12 @@
   other SavedModel looks like to the server, which serves it from its TensorSpecs alone.
   ``example_inputs`` makes requests for it. Its ``read`` signature fails inside the model on a
   path that does not exist: a server fault (HTTP 500), not a client error.
-* ``server_process``: the real `gmeta serve` on a free port, stopped after; ``request``: one HTTP
+* ``server_process``: the real `gmeta serve` on a free port, stopped after (``server_processes``:
+  several, started side by side); ``request``: one HTTP
   request to it. ``send_body`` streams a body over a raw socket (declared length or chunked)
   and reads the answer while it sends; ``big_body`` makes a request body of any size without
-  holding it; ``stalled_request`` is a client that sends half a request and waits; ``rss_mib``
+  holding it; ``stalled_request`` is a client that sends half a request and waits
+  (``wait_read_by_server``: until the server has taken in what such clients sent); ``rss_mib``
   is a process's resident memory.
 
 The stand-in's signatures:
@@ -233,9 +235,13 @@ def example_inputs(signature: str, batch: int = 4, support: int = 6, seed: int =
 
 
 def free_port() -> int:
-    from launch.local_cluster import free_ports
-
     return free_ports(1)[0]
+
+
+def free_ports(n: int) -> List[int]:
+    from launch import local_cluster
+
+    return local_cluster.free_ports(n)
 
 
 def request(port: int, method: str, path: str, body: Any = None, timeout: float = 30.0,
@@ -358,6 +364,25 @@ def stalled_request(port: int, path: str, chunked: bool = False, body: int = 100
     return sock
 
 
+def wait_read_by_server(port: int, connections: int, timeout: float = 15.0) -> None:
+    """Wait until ``connections`` connections to the server on ``port`` are established and their
+    server side has nothing unread (receive queues empty in ``/proc/net/tcp``): the server has
+    taken in all its clients sent. TimeoutError past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        drained = 0
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, queues = fields[1], fields[3], fields[4]
+            if int(local.split(":")[1], 16) == port and state == "01":  # ESTABLISHED, the server's side
+                drained += int(queues.split(":")[1], 16) == 0
+        if drained >= connections:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{drained} of {connections} connections to port {port} read by the server")
+        time.sleep(0.02)
+
+
 def hang_up(socks: List[socket.socket]) -> None:
     for s in socks:
         s.close()
@@ -372,33 +397,58 @@ def server_process(model_dir, log_path, name: str = "model", extra: Sequence[str
     ``start_timeout`` s fails with the tail of its log. ``repo``: the checkout whose gmeta_tf
     serves (another commit's, to measure before and after a change).
     """
-    port = free_port()
-    cmd = [sys.executable, "-m", "gmeta_tf.cli.main", "serve", "--model", str(model_dir), "--port", str(port),
-           "--name", name, *extra]
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"gmeta serve exited with {proc.returncode}:\n{Path(log_path).read_text()[-3000:]}")
-            try:
-                if request(port, "GET", f"/v2/models/{name}/ready", timeout=2.0)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gmeta serve not ready after {start_timeout:.0f} s:\n"
-                                   f"{Path(log_path).read_text()[-3000:]}")
-            time.sleep(0.2)
+    with server_processes(model_dir, [(log_path, extra)], name, start_timeout, repo) as ((port, proc),):
         yield port, proc
+
+
+@contextlib.contextmanager
+def server_processes(model_dir, runs: Sequence[Tuple[Path, Sequence[str]]], name: str = "model",
+                     start_timeout: float = 180.0, repo: Path = REPO) -> Iterator[List[Tuple[int, subprocess.Popen]]]:
+    """``server_process`` for several servers of one model at once, one per ``(log path, extra
+    options)`` of ``runs``, started side by side (a start is mostly TensorFlow's import, on one
+    core: two take little longer than one). Yields ``[(port, process)]`` in ``runs``' order, once
+    all are ready; all are stopped after, whichever failed."""
+    ports = free_ports(len(runs))
+    started: List[Tuple[int, subprocess.Popen, Path, Any]] = []
+    try:
+        for port, (log_path, extra) in zip(ports, runs):
+            cmd = [sys.executable, "-m", "gmeta_tf.cli.main", "serve", "--model", str(model_dir), "--port", str(port),
+                   "--name", name, *extra]
+            log = open(log_path, "wb")
+            try:
+                proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            except BaseException:
+                log.close()
+                raise
+            started.append((port, proc, Path(log_path), log))
+        deadline = time.monotonic() + start_timeout
+        for port, proc, log_path, _ in started:
+            _wait_ready(port, proc, name, log_path, deadline, start_timeout)
+        yield [(port, proc) for port, proc, _, _ in started]
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        for _, proc, _, _ in started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc, _, log in started:
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
-        log.close()
+            log.close()
+
+
+def _wait_ready(port: int, proc: subprocess.Popen, name: str, log_path: Path, deadline: float,
+                start_timeout: float) -> None:
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gmeta serve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            if request(port, "GET", f"/v2/models/{name}/ready", timeout=2.0)[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gmeta serve not ready after {start_timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+        time.sleep(0.2)

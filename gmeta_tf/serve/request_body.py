@@ -9,7 +9,9 @@ traceback for what is the client's doing (a phone on a bad network).
 ``BodyLimit`` (pure ASGI, between the access log and the app) counts the body as it arrives:
 a declared ``Content-Length`` over the limit is refused before one byte of it is read, a
 chunked body at the first chunk that passes it. The refusal is a 413 naming the limit and
-``--max-body-mb``, with ``connection: close``, so the rest is never read. A body within the
+``--max-body-mb``, with ``connection: close``; the rest of the body is never kept: it is read
+and dropped within ``--linger-s`` / ``--linger-mb`` (``linger``) before the connection closes, so
+a client that sends its whole body before it reads gets the 413 too. A body within the
 limit reaches the app as one message (KServe reads it whole anyway). While the app runs it
 listens for the client's disconnect and cancels the app when it comes, so a request waiting
 for the micro-batcher leaves its queue unscored (``batcher``). Either hang-up, mid-body or
@@ -22,6 +24,8 @@ import asyncio
 from typing import Optional
 
 import orjson
+
+from gmeta_tf.serve.linger import Linger, discard
 
 MIB = 1 << 20
 DEFAULT_MAX_BODY_MB = 64.0  # ~470,000 one-row v1 rows of the quickstart model: far beyond a sane request
@@ -57,10 +61,11 @@ def _declared_length(scope) -> Optional[int]:
 class BodyLimit:
     """ASGI middleware: the body limit and the client hang-up (see the module doc)."""
 
-    def __init__(self, app, max_body_mb: float = DEFAULT_MAX_BODY_MB):
+    def __init__(self, app, max_body_mb: float = DEFAULT_MAX_BODY_MB, linger: Linger = Linger()):
         self.app = app
         self.max_body_mb = max_body_mb
         self.max_bytes = int(max_body_mb * MIB)
+        self.linger = linger
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -68,7 +73,7 @@ class BodyLimit:
             return
         declared = _declared_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await self._refuse(send, declared)
+            await self._refuse(receive, send, declared, declared)
             return
         body = await self._read(receive, send, declared)
         if body is not None:
@@ -85,14 +90,20 @@ class BodyLimit:
             size += len(chunk)
             if size > self.max_bytes:
                 del chunks
-                await self._refuse(send, declared)
+                if not message.get("more_body", False):
+                    rest = 0  # the chunk that passed the limit was the last
+                else:
+                    rest = None if declared is None else declared - size
+                await self._refuse(receive, send, declared, rest)
                 return None
             if chunk:
                 chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _refuse(self, send, declared: Optional[int]) -> None:
+    async def _refuse(self, receive, send, declared: Optional[int], rest: Optional[int]) -> None:
+        """The 413, sent whole at once; then, if ``rest`` (bytes still to come, None: unknown) is
+        worth it, the body is read out and dropped before the response ends and uvicorn closes."""
         size = f"of {declared} bytes " if declared is not None else ""
         error = (f"request body {size}is over this server's limit of {self.max_body_mb:g} MiB: send fewer rows "
                  f"per request, or start gmeta serve with a larger --max-body-mb")
@@ -100,7 +111,14 @@ class BodyLimit:
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        if not self.linger.worth_it(rest):
+            await send({"type": "http.response.body", "body": body})
+            return
+        # Every byte of the answer is on the wire now; the response ends (and the connection
+        # closes) only with the empty message after the discard.
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        await discard(receive, self.linger)
+        await send({"type": "http.response.body", "body": b""})
 
     async def _run(self, scope, body: bytes, receive, send, declared: Optional[int]) -> None:
         """The app on ``body``, cancelled if the client disconnects before the response ends."""

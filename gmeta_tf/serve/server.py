@@ -41,6 +41,7 @@ from gmeta_tf.serve.kserve_lib import (
     register_v1_endpoints,
     register_v2_endpoints,
 )
+from gmeta_tf.serve.linger import Linger
 from gmeta_tf.serve.model import SavedModelServer
 from gmeta_tf.serve.request_body import DEFAULT_MAX_BODY_MB, BodyLimit
 
@@ -58,6 +59,7 @@ class ServeConfig:
     batching: BatchingConfig = BatchingConfig()
     access_log: bool = True
     max_body_mb: float = DEFAULT_MAX_BODY_MB
+    linger: Linger = Linger()  # how long, and how much, of a refused body is read out before closing
 
 
 async def _bad_body(_request, exc):
@@ -90,7 +92,7 @@ class _V2JsonBody:
         await self.app(scope, receive, send)
 
 
-def build_app(model: SavedModelServer, max_body_mb: float = DEFAULT_MAX_BODY_MB):
+def build_app(model: SavedModelServer, max_body_mb: float = DEFAULT_MAX_BODY_MB, linger: Linger = Linger()):
     """The ASGI app serving ``model``: KServe's routes and handlers, ours around them.
     ``NoModelReady`` (as KServe's ``ModelServer`` raises) unless the model is loaded."""
     from fastapi import FastAPI
@@ -114,7 +116,7 @@ def build_app(model: SavedModelServer, max_body_mb: float = DEFAULT_MAX_BODY_MB)
     app.add_exception_handler(InvalidInput, access_log.client_error_handler(HTTPStatus.BAD_REQUEST))
     app.add_exception_handler(ModelNotFound, access_log.client_error_handler(HTTPStatus.NOT_FOUND))
     app.add_exception_handler(RequestValidationError, _bad_body)
-    return access_log.AccessLog(BodyLimit(_V2JsonBody(app), max_body_mb))
+    return access_log.AccessLog(BodyLimit(_V2JsonBody(app), max_body_mb, linger))
 
 
 def serve(config: ServeConfig) -> None:
@@ -125,7 +127,7 @@ def serve(config: ServeConfig) -> None:
     access_log.configure(config.access_log)
     model = SavedModelServer(config.name, config.model_dir, config.batching)
     model.load()  # logs which signatures are micro-batched, and why any is not
-    server = uvicorn.Server(uvicorn.Config(build_app(model, config.max_body_mb), host=config.host, port=config.port,
+    server = uvicorn.Server(uvicorn.Config(build_app(model, config.max_body_mb, config.linger), host=config.host, port=config.port,
                                            log_config=None, timeout_graceful_shutdown=GRACE_PERIOD_S,
                                            loop="asyncio", lifespan="off"))
     for sig in (signal.SIGINT, signal.SIGTERM):
