@@ -24,9 +24,10 @@ from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.dense_sync import LocalSync, mean_on_wire
 
 BF16 = Wire("bfloat16")
-# bfloat16 keeps 8 significant bits: round to nearest is off by at most 2^-9 of the value; the
-# tests allow 2^-8 (a value rounded twice, as the dense mean's is, stays within it).
+# bfloat16 keeps 8 significant bits: round to nearest is off by at most 2^-8 of the value; a
+# value rounded twice (the dense mean: each rank's gradient, then the owner's mean) by 2^-7.
 BF16_REL = 2.0 ** -8
+BF16_TWICE = (1 + BF16_REL) ** 2 - 1
 
 
 def _rel(got, want) -> np.ndarray:
@@ -135,7 +136,7 @@ def test_mean_on_wire_averages_in_float32_and_gives_every_rank_the_same_bits():
     for k, shape in enumerate(shapes):
         want = np.mean([np.asarray(grads[r][k], np.float64) for r in range(n)], axis=0)
         assert out[0][k].shape == shape and out[0][k].dtype == np.float32
-        assert np.max(_rel(out[0][k], want)) <= BF16_REL
+        assert np.max(_rel(out[0][k], want)) <= BF16_TWICE
 
 
 def test_horovod_reductions_take_no_bfloat16_and_the_wire_moves_int16():

@@ -22,6 +22,9 @@ pytestmark = pytest.mark.integration  # real PS processes and horovodrun
 TINY = ["data.tasks_per_batch=8", "data.support=8", "data.query=4", "data.shuffle_buffer=64",
         "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]"]
 STEPS = 60
+# bfloat16 keeps 8 significant bits: one crossing is off by at most 2^-8 of the value, two by 2^-7
+ONCE = 2.0 ** -8
+TWICE = (1 + ONCE) ** 2 - 1
 
 
 # Two Horovod ranks, no PS: the dense mean and both hot-row exchanges through the real collectives,
@@ -38,7 +41,7 @@ from gmeta_tf.train.dense_sync import HorovodSync
 hvd.init()
 r = hvd.rank()
 rng = np.random.default_rng(10 + r)
-grads = [tf.constant(rng.uniform(0.5, 2.0, size=s).astype(np.float32) * 1e-6) for s in [(33, 7), (5,), ()]]
+grads = [tf.constant(rng.uniform(0.5, 2.0, size=s) * 1e-6, tf.float32) for s in [(33, 7), (5,), ()]]
 slots = tf.constant([[3, 7, 49, 7], [0, 7, 20, 3]][r], tf.int64)  # 7 twice: summed before the exchange
 rows = tf.constant(rng.uniform(0.5, 2.0, size=(4, 4)).astype(np.float32))
 out = {"grads": [g.numpy().tolist() for g in grads], "slots": slots.numpy().tolist(), "rows": rows.numpy().tolist()}
@@ -69,18 +72,20 @@ def test_real_collectives_carry_the_wire_and_every_rank_gets_the_same(tmp_path):
     for k in range(3):
         want = (np.asarray(ranks[0]["grads"][k], np.float64) + np.asarray(ranks[1]["grads"][k], np.float64)) / 2
         assert rel(ranks[0]["float32"]["mean"][k], want) <= 1e-6
-        assert rel(ranks[0]["bfloat16"]["mean"][k], want) <= 2.0 ** -8
+        assert rel(ranks[0]["bfloat16"]["mean"][k], want) <= TWICE
         assert np.any(np.asarray(ranks[0]["bfloat16"]["mean"][k]) != np.asarray(ranks[0]["float32"]["mean"][k]))
     # hot rows: the union of both ranks' slots (exact), each with the mean of its gradients
     want = {}
     for rank in ranks:
         for s, row in zip(rank["slots"], rank["rows"]):
             want[s] = want.get(s, 0.0) + np.asarray(row, np.float64) / 2
-    for dtype, tol in (("float32", 1e-6), ("bfloat16", 2.0 ** -8)):
-        for mode in ("dense", "sparse"):
-            slots, rows = ranks[0][dtype][mode]
-            assert slots == sorted(want), (dtype, mode)
-            assert rel(rows, [want[s] for s in slots]) <= tol, (dtype, mode)
+    # rounded once on the way to a sparse gather, twice through the dense mean (``mean_on_wire``)
+    tolerance = {("float32", "dense"): 1e-6, ("float32", "sparse"): 1e-6,
+                 ("bfloat16", "dense"): TWICE, ("bfloat16", "sparse"): ONCE + 1e-6}
+    for (dtype, mode), tol in tolerance.items():
+        slots, rows = ranks[0][dtype][mode]
+        assert slots == sorted(want), (dtype, mode)
+        assert rel(rows, [want[s] for s in slots]) <= tol, (dtype, mode)
     assert ranks[0]["float32"]["dense"] == ranks[0]["float32"]["sparse"]  # two ranks: the same sums
     assert ranks[0]["bfloat16"]["dense"][1] != ranks[0]["float32"]["dense"][1]  # it did round
 
@@ -107,11 +112,12 @@ def test_ps_request_rows_and_gradients_cross_as_bfloat16(prepared_2500):
 
 def test_two_workers_on_a_bfloat16_wire_learn_and_stay_identical(prepared_2500, tmp_path):
     profile = tmp_path / "profile"
+    profile.mkdir()
     write_profile(profile, profile_ids(prepared_2500), {"sample": 1.0})
     run, launch_id = tmp_path / "run", uuid.uuid4().hex
     args = ["launch", "local", "--workers", "2", "--ps", "1", "--timeout", "400",
             "--config", "configs/quickstart.yaml", "--data", str(prepared_2500), "--out", str(run),
-            "--steps", str(STEPS), "--set", "train.log_every=10", "--set", f"train.checkpoint_every={STEPS}",
+            "--steps", str(STEPS), "--set", "train.log_every=1", "--set", f"train.checkpoint_every={STEPS}",
             "--set", "cluster.wire_dtype=bfloat16", "--set", "hot.budget=64KiB",
             "--set", f"hot.profile={profile / 'id_profile.npz'}"]
     for s in TINY:
@@ -128,6 +134,7 @@ def test_two_workers_on_a_bfloat16_wire_learn_and_stay_identical(prepared_2500, 
     assert sorted(ranks) == [0, 1]
     assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]  # the dense mean: the owners' bits everywhere
     assert ranks[0]["hot_digest"] == ranks[1]["hot_digest"]  # hot rows: the same exchanged gradients
-    history = json.loads((run / "train_summary.json").read_text())["history"]
-    assert len(history) == STEPS // 10
-    assert history[-1]["loss"] < history[0]["loss"], history
+    # it learns: the last 20 steps' losses (rank 0's batches) below the untrained first step's
+    losses = [h["loss"] for h in json.loads((run / "train_summary.json").read_text())["history"]]
+    assert len(losses) == STEPS and all(np.isfinite(losses))
+    assert np.mean(losses[-20:]) < losses[0], losses

@@ -4,7 +4,8 @@ Issue 41 measured every byte on the wire as float32: rows from the PS, row gradi
 the dense gradients' and the hot rows' exchange between workers. ``bfloat16`` halves those
 bytes. Why bfloat16 and not float16: bfloat16 keeps float32's 8 exponent bits, so the small
 meta-gradients that float16 (5 exponent bits, no loss scaling here) would flush to zero
-survive; it keeps 8 bits of mantissa, a relative rounding error of at most 2^-9.
+survive; it keeps 8 significant bits (7 stored), so a value is off by at most 2^-8 of itself
+after one crossing.
 
 The rule, for every path that honours it: a tensor is cast (``send``) where it leaves its owner
 and cast back to float32 (``receive``) where it arrives. What a process keeps (table rows,
