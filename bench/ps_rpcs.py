@@ -10,7 +10,8 @@ PS partition through the rendezvous (one transfer per tensor: a ``_Send`` on one
 
 ``count_rpcs`` reads them from ``RunMetadata``'s partition graphs (``run_step`` records them for
 one step); each transfer is attributed to the lookup or to the optimizer's apply by the PS-side
-op it feeds or comes from. ``python -m bench.ps_rpcs DATA [--ps 2] [--set KEY=VALUE ...]``
+op it feeds or comes from, and counted by its dtype (``ps_transfer_dtypes``: with
+``cluster.wire_dtype: bfloat16`` a request's rows and gradients cross as bfloat16). ``python -m bench.ps_rpcs DATA [--ps 2] [--set KEY=VALUE ...]``
 starts the PS processes, runs one worker (``horovodrun -np 1``) and prints the counts as JSON.
 
 Several runs (``measure``'s ``runs``) share that one worker process: each builds its own model,
@@ -89,6 +90,7 @@ def count_rpcs(partition_graphs: Sequence) -> Dict[str, int]:
             hash_ops["apply" if top_scope(node.name) in APPLY_SCOPES else "lookup"] += 1
     by_kind: Counter = Counter()
     per_ps: Counter = Counter()
+    dtypes: Dict[str, Counter] = {}  # kind -> transfers by dtype (cluster.wire_dtype's evidence)
     for r in recvs:
         src, dst = r.attr["send_device"].s.decode(), r.attr["recv_device"].s.decode()
         if _task(src) == _task(dst):
@@ -108,13 +110,22 @@ def count_rpcs(partition_graphs: Sequence) -> Dict[str, int]:
             kind = "lookup"
         by_kind[kind] += 1
         per_ps[ps_task] += 1
+        dtypes.setdefault(kind, Counter())[_dtype_name(r.attr["tensor_type"].type)] += 1
     calls = len(ps_partitions)
     return {"ps_rpcs_per_step": calls + sum(by_kind.values()), "ps_component_calls_per_step": calls,
             "ps_transfers_per_step": sum(by_kind.values()), "ps_lookup_transfers_per_step": by_kind["lookup"],
             "ps_apply_transfers_per_step": by_kind["apply"], "ps_control_transfers_per_step": by_kind["control"],
             "ps_transfers_by_ps": dict(sorted(per_ps.items())),
             "ps_hash_ops_per_step": sum(hash_ops.values()), "ps_lookup_hash_ops_per_step": hash_ops["lookup"],
-            "ps_apply_hash_ops_per_step": hash_ops["apply"]}
+            "ps_apply_hash_ops_per_step": hash_ops["apply"],
+            "ps_transfer_dtypes": {k: dict(sorted(c.items())) for k, c in sorted(dtypes.items())}}
+
+
+def _dtype_name(enum: int) -> str:
+    """``DT_FLOAT`` for a ``DataType`` enum (a partition graph's ``tensor_type``)."""
+    from tensorflow.core.framework import types_pb2
+
+    return types_pb2.DataType.Name(enum)
 
 
 def expected_rpcs(shards: Sequence[int], slots: int, init_rows: str, ps: int, requests: int = 0,

@@ -5,7 +5,7 @@ per_ps`` a fixed few per PS request, and the same tables after the same steps. F
 the number of features."""
 import numpy as np
 import pytest
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import graph_pb2, types_pb2
 
 from bench.features import widen
 from bench.ps_rpcs import count_rpcs, expected_hash_ops, expected_rpcs
@@ -38,7 +38,7 @@ def test_count_rpcs_reads_partition_graphs():
     ps0.node.add(name="None_lookup_table_find/TFRA>Find", op="TFRA>CuckooHashTableFind", device=PS.format(0),
                  input=["keys"])
     _send(ps0, "rows/_1", PS.format(0), W, "e2", "None_lookup_table_find/TFRA>Find")
-    _recv(worker, "rows/_2", PS.format(0), W, "e2")
+    _recv(worker, "rows/_2", PS.format(0), W, "e2").attr["tensor_type"].type = types_pb2.DT_BFLOAT16
     _recv(ps0, "ikeys", W, PS.format(0), "e3")
     ps0.node.add(name="fwd", op="Identity", device=PS.format(0), input=["ikeys"])
     ps0.node.add(name="Adam_3/None_lookup_table_insert", op="TFRA>CuckooHashTableInsert", device=PS.format(0),
@@ -49,6 +49,7 @@ def test_count_rpcs_reads_partition_graphs():
     assert (got["ps_lookup_transfers_per_step"], got["ps_apply_transfers_per_step"]) == (2, 1)
     assert got["ps_rpcs_per_step"] == 4
     assert (got["ps_lookup_hash_ops_per_step"], got["ps_apply_hash_ops_per_step"]) == (1, 1)
+    assert got["ps_transfer_dtypes"] == {"apply": {"DT_INVALID": 1}, "lookup": {"DT_BFLOAT16": 1, "DT_INVALID": 1}}
 
 
 @pytest.mark.fast

@@ -136,9 +136,10 @@ def pin_gpu(local_rank: int) -> Optional[str]:
 
 
 def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
+    from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.train.dense_sync import HorovodSync
 
-    sync = HorovodSync.create()
+    sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype))
     rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log
     gpu = pin_gpu(sync.local_rank)
     ps = ps_addresses(cfg)
@@ -154,6 +155,6 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
         if placement:
             check_tasks(placement, len(ps))
     rank_log(f"worker {sync.rank}/{sync.size}: {len(ps)} PS ({', '.join(ps) or 'local tables'}), "
-             f"device {gpu or 'CPU'}")
+             f"device {gpu or 'CPU'}, wire {sync.wire.dtype}")
     return Runtime(sync=sync, ps_tasks=len(ps), namespace=JOB_NAMESPACE if ps else None,
                    placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps)

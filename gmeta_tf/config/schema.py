@@ -161,6 +161,8 @@ class DataConfig:
 # ``model.fuse_tables``' values, checked here only (``ModelConfig``); ``fused.resolve`` decides ``auto``.
 FUSE_TABLES = ("auto", True, False)
 HOT_SPLIT = ("auto", True, False)
+# ``cluster.wire_dtype``'s values, checked here only (``ClusterConfig``); ``embedding/wire.py`` casts.
+WIRE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -418,6 +420,12 @@ class ClusterConfig:
     # them); None: unknown or loopback, bytes cost nothing. What ``model.hot_split: auto`` and
     # the planner's network term read; ``gmeta launch local --network`` knows it for its hosts.
     link_rate: Optional[str] = None
+    # The dtype of floating tensors while they cross a link (gmeta_tf/embedding/wire.py): rows
+    # from the PS and their gradients back (one request per PS), the dense gradients' and the hot
+    # rows' exchange between workers. ``bfloat16`` halves those bytes; what a process keeps
+    # (rows, optimizer slots, dense weights) and all math stay float32, ids travel exact. Not the
+    # default until validation users say the model is as good (issue 41).
+    wire_dtype: Literal["float32", "bfloat16"] = "float32"
 
     @property
     def link_rate_bit_s(self) -> Optional[int]:
@@ -425,6 +433,8 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         _require(self.connect_timeout_s > 0, "cluster.connect_timeout_s", "must be > 0")
+        _require(self.wire_dtype in WIRE_DTYPES, "cluster.wire_dtype",
+                 f"must be one of {', '.join(WIRE_DTYPES)}, got {self.wire_dtype!r}")
         if self.link_rate is not None:
             _require(bit_rate(self.link_rate) is not None and bit_rate(self.link_rate) > 0, "cluster.link_rate",
                      f"expected a bit rate such as 1gbit or 100mbit (tc's units; not bytes), got {self.link_rate!r}")

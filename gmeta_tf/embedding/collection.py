@@ -49,6 +49,7 @@ from gmeta_tf.embedding.ps_requests import MODES as PS_REQUEST_MODES
 from gmeta_tf.embedding.ps_requests import PsRequests
 from gmeta_tf.embedding.ps_requests import resolve as resolve_ps_requests
 from gmeta_tf.embedding.table import EmbeddingTable, Table
+from gmeta_tf.embedding.wire import Wire
 from gmeta_tf.errors import HotSetMissError
 from gmeta_tf.plan.placement_file import ColumnSplit
 
@@ -109,6 +110,7 @@ class Embeddings:
         self.optimizers: Optional[TableOptimizers] = None  # set by build_slots
         self.requests: Optional[PsRequests] = None  # set by build_slots where ps_requests is per_ps
         self.hot: Optional[HotRows] = None  # set by add_hot_tier
+        self.wire = Wire()  # the dtype rows and row gradients cross to the PS in (use_wire)
 
     # -- what exists ----------------------------------------------------------------------------
     @property
@@ -137,12 +139,36 @@ class Embeddings:
     def assemble(self, cfg, emb_opt: TableOptimizers, sync, log=print) -> Optional[HotRows]:
         """Steps 2 and 3 of the life above, in their order: hot tier, then slots (+ prefetch).
         ``cfg`` is the run's ``Config`` (``hot.*``, ``train.embedding_*``, ``data.*``)."""
+        self.use_wire(sync.wire)
         hot = self.add_hot_tier(cfg, sync, log)
         if hot is not None and cfg.model.max_rows:
             raise ConfigError("config key 'model.max_rows': bounded tables and a hot tier (hot.budget) "
                               "do not go together yet; set one of them")
         self.build_slots(emb_opt)
+        if sync.rank == 0 and not self.wire.exact:
+            kept = self.float32_on_wire()
+            log(f"wire {self.wire.dtype}: PS rows and their gradients, dense and hot-row gradients"
+                + (f"; float32 for {', '.join(kept)} (their optimizer slots travel)" if kept else ""))
         return hot
+
+    def use_wire(self, wire: Wire) -> None:
+        """Send rows and row gradients to and from the PS in ``wire``'s dtype
+        (``cluster.wire_dtype``; the worker's sync carries it) from the next ``build_slots`` on."""
+        self.wire = wire
+
+    def float32_on_wire(self) -> List[str]:
+        """The tables whose rows still cross to the PS in float32 whatever the wire: TFRA's
+        per-table path and the hot tier's read-ahead cold rows, which move optimizer slots with
+        the rows and update them on the worker (``ps_requests.py``)."""
+        out = []
+        for t in self.tables:
+            hot = isinstance(t, HotColdTable)
+            owner = t.base if hot else t
+            if (hot and t.local_only) or not any("/job:ps" in d for s in owner.storage() for d in s.devices):
+                continue
+            if (hot and t.prefetch is not None) or self.requests is None or not self.requests.takes(owner):
+                out.append(t.name)
+        return out
 
     def add_hot_tier(self, cfg, sync, log=print) -> Optional[HotRows]:
         """The hot rows ``cfg.hot`` asks for (None when its budget is 0)."""
@@ -160,8 +186,8 @@ class Embeddings:
         needs those slot tables). Idempotent: every holder of the optimizers may call it."""
         emb_opt.build(self.shadows_by_table())
         if (resolve_ps_requests(self.ps_requests, self.tables) == "per_ps"
-                and (self.requests is None or self.optimizers is not emb_opt)):
-            self.requests = PsRequests(self.tables, emb_opt)
+                and (self.requests is None or self.optimizers is not emb_opt or self.requests.wire != self.wire)):
+            self.requests = PsRequests(self.tables, emb_opt, self.wire)
         self.optimizers = emb_opt
         if self.hot is not None:
             # A hot table whose cold rows are read with other tables' (its base is a fused

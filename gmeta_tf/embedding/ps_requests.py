@@ -38,6 +38,16 @@ per step depend on its fused tables, not its features. Initial rows stay per log
 (each id's own table key), and new large ids are recorded (``FusedTable.record``) on the PS.
 The hot/cold split's cold rows join their table's request the same way (``lookup.together``):
 hot rows stay on the worker, a table whose rows are all hot sends nothing.
+
+**Wire precision** (``cluster.wire_dtype``, ``wire.py``). The rows are cast to the wire dtype
+on the PS, inside the request's device scope, so the PS-to-worker tensor is already narrow, and
+cast back to float32 on the worker; the gradients are cast on the worker and back to float32 on
+the PS before the update. The rows the update starts from are the PS's own float32 ``rows``
+(kept there since the lookup), the slots never leave the PS, and the update runs in float32:
+only what crosses is rounded. Ids and sizes cross as they are. TFRA's per-table path (the
+tables ``serves`` refuses) stays float32 on the wire: its wrapped optimizer moves no gradient to
+the PS at all; it reads the slot rows to the worker, runs the optimizer there and writes rows
+and slots back, and rounding optimizer state on every step is what this key must not do.
 """
 from __future__ import annotations
 
@@ -51,6 +61,7 @@ from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.optimizers import TableOptimizers, optimizer_kind, row_update
 from gmeta_tf.embedding.table import EmbeddingTable
+from gmeta_tf.embedding.wire import Wire
 
 de = tfra.dynamic_embedding
 
@@ -150,7 +161,8 @@ def resolve(mode: str, tables: Sequence) -> str:
 class PsRequests:
     """The step's PS requests for the tables it ``serves``; built once the slot tables exist."""
 
-    def __init__(self, tables: Sequence, optimizers: TableOptimizers):
+    def __init__(self, tables: Sequence, optimizers: TableOptimizers, wire: Wire = Wire()):
+        self.wire = wire
         self.tables: List[EmbeddingTable] = []  # the physical tables served
         for t in owners(tables):
             if serves(t) and not any(physical(t) is p for p in self.tables):
@@ -245,7 +257,8 @@ class PsRequests:
                 found.append(initial_rows.fill_missing(rows, g.exists, logical, key, g.phys.dim,
                                                        g.phys.init_stddev))
             req.rows = tf.concat(found, axis=0)
-        req.parts = tf.split(req.rows, req.sizes, num=len(req.members))
+            sent = self.wire.send(req.rows)
+        req.parts = tf.split(self.wire.receive(sent), req.sizes, num=len(req.members))
 
     # -- apply --------------------------------------------------------------------------------
     def apply(self, grads_and_shadows: Sequence[Tuple[tf.Tensor, tf.Variable]]) -> List[Tuple[tf.Tensor, tf.Variable]]:
@@ -276,9 +289,9 @@ class PsRequests:
             for r, req in enumerate(self._requests):
                 steps = tf.stack([tf.cast(self.optimizers.for_shadow(m.phys.shadow).iterations, tf.int64)
                                   for m in req.members])
-                cat = tf.concat([grads[(r, m)] for m in range(len(req.members))], axis=0)
+                sent = self.wire.send(tf.concat([grads[(r, m)] for m in range(len(req.members))], axis=0))
                 with tf.device(req.device):
-                    self._update(req, cat, steps)
+                    self._update(req, self.wire.receive(sent), steps)
             for it in counters:  # after every read above (the update's bias correction)
                 it.assign_add(1)
         self._pending, self._requests = {}, []

@@ -36,9 +36,10 @@ VALUE_BYTES = 4
 WIRE_OVERHEAD = 1.0
 
 
-def row_payload_bytes(dim: float) -> float:
-    """One distinct row's bytes per step between a worker and its PS: read and written once."""
-    return 2.0 * (dim * VALUE_BYTES + KEY_BYTES)
+def row_payload_bytes(dim: float, value_bytes: int = VALUE_BYTES) -> float:
+    """One distinct row's bytes per step between a worker and its PS: read and written once
+    (``value_bytes``: 2 with ``cluster.wire_dtype: bfloat16``; keys stay 8)."""
+    return 2.0 * (dim * value_bytes + KEY_BYTES)
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,35 @@ averaged over ranks with a Horovod ring all-reduce, and rank 0's initial weights
 so every replica starts equal. Embedding gradients never pass through here: they go straight
 to the PS tables. ``LocalSync`` is the embedded default (one process, nothing to talk to), so
 the trainer calls the same methods whatever the cluster.
+
+**Wire precision** (``cluster.wire_dtype: bfloat16``, ``embedding/wire.py``). Why not a
+bfloat16 Horovod ``Compressor`` on ``grouped_allreduce`` (which takes ``compression=``): it
+cannot run. Horovod 0.28.1 registers its allreduce, grouped allreduce and reducescatter ops for
+``{uint8, int8, int32, int64, float16, float32, float64}`` only, so a compressor's bfloat16
+tensor is refused where the op is built (tests/test_wire.py). Float16 (Horovod's own
+``Compression.fp16``) would flush small meta-gradients to zero. So ``mean_on_wire`` builds
+the ring all-reduce's two halves from collectives that only move bytes (all-to-all, all-gather
+take 16-bit integers): each rank's bfloat16 gradients are cut into ``size`` slices, the owner of
+each slice receives every rank's copy of it and averages them in float32, and the averaged
+slices, sent in bfloat16 again, are gathered by everyone. Each rank sends ``(size-1)/size`` of
+the payload twice, as a ring all-reduce does, at 2 bytes a value instead of 4: half the
+bytes, two collectives a step instead of one. Every rank ends with the owners' bits, so the
+replicas stay identical.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Callable, List, Sequence
 
 import tensorflow as tf
+
+from gmeta_tf.embedding.wire import Wire, as_bits, from_bits
 
 
 class LocalSync:
     rank = 0
     size = 1
     local_rank = 0
+    wire = Wire()  # one process: nothing crosses a link, whatever cluster.wire_dtype says
 
     def allreduce(self, grads: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         return list(grads)
@@ -38,23 +55,28 @@ class LocalSync:
 
 
 class HorovodSync:
-    """Horovod over Gloo. ``hvd.init()`` must already have run (``HorovodSync.create``)."""
+    """Horovod over Gloo. ``hvd.init()`` must already have run (``HorovodSync.create``). ``wire``:
+    the dtype floating tensors cross between workers in (``cluster.wire_dtype``)."""
 
-    def __init__(self, hvd):
+    def __init__(self, hvd, wire: Wire = Wire()):
         self.hvd = hvd
         self.rank = hvd.rank()
         self.size = hvd.size()
         self.local_rank = hvd.local_rank()
+        self.wire = wire
 
     @classmethod
-    def create(cls) -> "HorovodSync":
+    def create(cls, wire: Wire = Wire()) -> "HorovodSync":
         import horovod.tensorflow as hvd
 
         hvd.init()
-        return cls(hvd)
+        return cls(hvd, wire)
 
     def allreduce(self, grads: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-        return list(self.hvd.grouped_allreduce(list(grads), op=self.hvd.Average))
+        """The mean over ranks; in the wire dtype where there is a wire (more than one rank)."""
+        if self.wire.exact or self.size == 1:
+            return list(self.hvd.grouped_allreduce(list(grads), op=self.hvd.Average))
+        return mean_on_wire(list(grads), self.size, self.wire, self.hvd.alltoall, self.hvd.allgather)
 
     def broadcast_variables(self, variables: Sequence[tf.Variable]) -> None:
         self.hvd.broadcast_variables(list(variables), root_rank=0)
@@ -70,5 +92,30 @@ class HorovodSync:
         return float(self.hvd.allreduce(tf.constant(value, tf.float64), op=self.hvd.Sum).numpy())
 
     def allgather_group(self, tensors: Sequence[tf.Tensor]) -> List[tf.Tensor]:
-        """Rank-ordered concatenations along axis 0, negotiated as one (hot-row sparse gradients)."""
-        return list(self.hvd.grouped_allgather(list(tensors)))
+        """Rank-ordered concatenations along axis 0, negotiated as one (hot-row sparse gradients;
+        a bfloat16 tensor moves as its bits)."""
+        got = self.hvd.grouped_allgather([as_bits(t) for t in tensors])
+        return [from_bits(g, t.dtype) for g, t in zip(got, tensors)]
+
+
+Collective = Callable[[tf.Tensor], tf.Tensor]
+
+
+def mean_on_wire(tensors: List[tf.Tensor], size: int, wire: Wire, alltoall: Collective,
+                 allgather: Collective) -> List[tf.Tensor]:
+    """The mean over ``size`` ranks of each float32 tensor, every value crossing in ``wire``'s
+    dtype (module docstring): ``alltoall`` sends row r of a ``[size, n]`` tensor to rank r and
+    returns what every rank sent this one, in rank order; ``allgather`` concatenates every
+    rank's ``[1, n]`` along axis 0. Static shapes (dense weights' gradients)."""
+    if not tensors:
+        return []
+    counts = [t.shape.num_elements() for t in tensors]
+    total = sum(counts)
+    width = -(-total // size)  # each rank owns one slice of this many values
+    flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], axis=0)
+    slices = tf.reshape(tf.pad(flat, [[0, width * size - total]]), [size, width])
+    received = from_bits(alltoall(as_bits(wire.send(slices))), wire.tf_dtype)  # every rank's copy of my slice
+    mine = tf.reduce_sum(wire.receive(received), axis=0) / float(size)
+    gathered = from_bits(allgather(as_bits(wire.send(mine[None, :]))), wire.tf_dtype)
+    out = tf.split(tf.reshape(wire.receive(gathered), [-1])[:total], counts)
+    return [tf.cast(tf.reshape(o, t.shape), t.dtype) for o, t in zip(out, tensors)]

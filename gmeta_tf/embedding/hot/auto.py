@@ -32,7 +32,7 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
-from gmeta_tf.plan.network import Link, row_payload_bytes
+from gmeta_tf.plan.network import VALUE_BYTES, Link, row_payload_bytes
 
 # The default path's worker step on unshaped links (make bench network, bridge, 2 workers + 2 PS:
 # 67.2 ms) and the split's extra CPU there (make bench hot_split, loopback: 0.88x, i.e. +14%,
@@ -73,14 +73,15 @@ def expected_distinct(counts: np.ndarray, lookups: int, n: float, tail: Optional
 
 def ps_payload(profiles: Mapping, dims: Mapping[str, int], lookups_per_step: Mapping[str, int],
                hot_ids: Optional[Mapping[str, np.ndarray]] = None,
-               local_only: Optional[Mapping[str, bool]] = None) -> float:
-    """Payload bytes per worker step to and from the PS; with ``hot_ids``, of the cold rows only."""
+               local_only: Optional[Mapping[str, bool]] = None, value_bytes: int = VALUE_BYTES) -> float:
+    """Payload bytes per worker step to and from the PS; with ``hot_ids``, of the cold rows only.
+    ``value_bytes``: a float's bytes on the wire (``cluster.wire_dtype``)."""
     total = 0.0
     for name, dim in dims.items():
         prof = profiles.get(name)
         n = float(lookups_per_step.get(name, 0))
         if prof is None:
-            total += n * row_payload_bytes(dim)  # no profile: every lookup a distinct row
+            total += n * row_payload_bytes(dim, value_bytes)  # no profile: every lookup a distinct row
             continue
         if local_only and local_only.get(name):
             continue
@@ -88,7 +89,7 @@ def ps_payload(profiles: Mapping, dims: Mapping[str, int], lookups_per_step: Map
         tail = max(0.0, 1.0 - float(counts.sum()) / prof.lookups) if prof.lookups else 0.0  # never hot
         if hot_ids is not None and name in hot_ids and len(hot_ids[name]):
             counts = counts[~np.isin(np.asarray(prof.ids), hot_ids[name])]
-        total += expected_distinct(counts, prof.lookups, n, tail) * row_payload_bytes(dim)
+        total += expected_distinct(counts, prof.lookups, n, tail) * row_payload_bytes(dim, value_bytes)
     return total
 
 
@@ -120,7 +121,7 @@ def hot_touched(profiles: Mapping, hot_ids: Mapping[str, np.ndarray], lookups_pe
 
 
 def allreduce_bytes(modes: Mapping[str, str], sizes: Mapping[str, int], dims: Mapping[str, int],
-                    touched: Mapping[str, float], workers: int) -> float:
+                    touched: Mapping[str, float], workers: int, value_bytes: int = VALUE_BYTES) -> float:
     """Bytes each worker sends per step in the hot rows' gradient exchange, with ``hot/sync.py``'s
     per-table choice: a dense all-reduce moves the whole ``[K, dim + 1]`` table, a sparse
     all-gather the rows the step touched (``touched``, expected); it receives as many."""
@@ -129,7 +130,7 @@ def allreduce_bytes(modes: Mapping[str, str], sizes: Mapping[str, int], dims: Ma
     total = 0.0
     for t, mode in modes.items():
         if mode == "dense":
-            total += dense_cost(sizes[t], dims[t], workers)
+            total += dense_cost(sizes[t], dims[t], workers, value_bytes)
         elif mode == "sparse":
-            total += sparse_cost(touched.get(t, 0.0), dims[t], workers)
+            total += sparse_cost(touched.get(t, 0.0), dims[t], workers, value_bytes)
     return total

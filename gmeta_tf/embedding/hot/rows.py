@@ -36,7 +36,9 @@ from gmeta_tf.plan.network import Link
 
 class HotRows:
     def __init__(self, tables: Sequence, hot_set: HotSet, sync, optimizer: str, lr: float,
-                 touched_bound: Dict[str, int], prefetch: bool = True):
+                 touched: Dict[str, float], prefetch: bool = True):
+        """``touched``: the distinct hot rows of each table a step is expected to touch
+        (``expected_touched``), which sizes each table's gradient exchange (``hot/sync.py``)."""
         self.hot_set = hot_set
         self.prefetch = bool(prefetch)
         self.kind, self.lr = optimizer, float(lr)
@@ -61,7 +63,7 @@ class HotRows:
         self.names = [t.name for t in self.tables]
         self.opt = LazyRowOptimizer(optimizer, lr, {t.name: t.values for t in self.tables})
         self.grad_sync = HotGradSync(sync, {t.name: t.num_hot for t in self.tables},
-                                     {t.name: t.dim for t in self.tables}, touched_bound)
+                                     {t.name: t.dim for t in self.tables}, touched)
 
     def attach(self, emb_opt, cold_together=lambda table: False) -> None:
         """Give every table with PS work a ``ColdPrefetch`` (``hot.prefetch``), but those whose
@@ -207,7 +209,7 @@ def hot_digest(tables: Dict[str, tuple]) -> str:
 
 
 def touched_bounds(cat_names: Sequence[str], multi_names: Sequence[str], data_cfg) -> Dict[str, int]:
-    """Most distinct ids one step can look up per table (sizes the gradient exchange choice)."""
+    """Most distinct ids one step can look up per table (what ``lookups_per_step`` caps)."""
     per_sample = {n: 1 for n in cat_names} | {n: data_cfg.max_multi_hot for n in multi_names}
     samples = data_cfg.tasks_per_batch * (data_cfg.support + data_cfg.query)
     return {n: samples * k for n, k in per_sample.items()}
@@ -225,14 +227,25 @@ def lookups_per_step(cfg, bounds: Dict[str, int]) -> Dict[str, float]:
             for t, b in bounds.items()}
 
 
-def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str, int], workers: int):
+def expected_touched(cfg, profiles, hot_ids: Dict[str, np.ndarray], bounds: Dict[str, int]) -> Dict[str, float]:
+    """Distinct hot ids one step is expected to touch per table (``auto.hot_touched`` under the
+    profile; the bound for a table the profile lacks): what sizes the hot gradient exchange, for
+    the exchange itself (``HotRows``) and for ``model.hot_split: auto``'s cost of it."""
+    got = hot_touched(profiles, hot_ids, lookups_per_step(cfg, bounds))
+    return {t: got.get(t, float(b)) for t, b in bounds.items()}
+
+
+def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str, int], workers: int,
+                  value_bytes: int = 4):
     """``model.hot_split: auto``'s verdict for this config, hot set and job (hot/auto.py); every
-    rank computes the same from the same inputs."""
+    rank computes the same from the same inputs. ``value_bytes``: a float's bytes on the wire."""
     sizes = {t: len(hot_set.ids.get(t, ())) for t in dims}
-    modes = {t: choose_mode(sizes[t], dims[t], bounds[t], workers) for t in dims if sizes[t]}
+    touched = expected_touched(cfg, profiles, hot_set.ids, bounds)
+    modes = {t: choose_mode(sizes[t], dims[t], touched[t], workers, value_bytes) for t in dims if sizes[t]}
     n = lookups_per_step(cfg, bounds)
-    return decide(ps_payload(profiles, dims, n), ps_payload(profiles, dims, n, hot_set.ids, hot_set.local_only),
-                  allreduce_bytes(modes, sizes, dims, hot_touched(profiles, hot_set.ids, n), workers),
+    return decide(ps_payload(profiles, dims, n, value_bytes=value_bytes),
+                  ps_payload(profiles, dims, n, hot_set.ids, hot_set.local_only, value_bytes),
+                  allreduce_bytes(modes, sizes, dims, touched, workers, value_bytes),
                   Link(cfg.cluster.link_rate_bit_s),
                   workers, max(len(cfg.cluster.ps), 1))
 
@@ -253,16 +266,16 @@ def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names:
     hot_set = select_hot(profiles, dims, cfg.train.embedding_optimizer, budget, cfg.hot.min_count)
     if sync.rank == 0:
         log(hot_set.format())
+    bounds = touched_bounds(cat_names, multi_names, cfg.data)
     if cfg.model.hot_split == "auto":
-        decision = auto_decision(cfg, profiles, dims, hot_set, touched_bounds(cat_names, multi_names, cfg.data),
-                                 sync.size)
+        decision = auto_decision(cfg, profiles, dims, hot_set, bounds, sync.size, sync.wire.value_bytes)
         if sync.rank == 0:
             log(decision.format(cfg.cluster.link_rate))
         if not decision.on:
             return None
     scale = sync.size if cfg.train.scale_lr else 1
     rows = HotRows(tables, hot_set, sync, cfg.train.embedding_optimizer,
-                   cfg.train.embedding_learning_rate * scale, touched_bounds(cat_names, multi_names, cfg.data),
+                   cfg.train.embedding_learning_rate * scale, expected_touched(cfg, profiles, hot_set.ids, bounds),
                    prefetch=cfg.hot.prefetch)
     if sync.rank == 0 and rows.skipped:
         log(f"hot split: {', '.join(rows.skipped)} stay wholly on the PS (column-split by cluster.placement)")

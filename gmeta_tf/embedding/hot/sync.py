@@ -2,21 +2,30 @@
 
 Each rank's gradient for a hot table is an ``IndexedSlices`` over the slots its batch touched
 (at most ``U = T·(S+Q)·ids per sample`` rows, usually far fewer than the ``K`` hot rows). Two
-ways to combine them, chosen **per table, once, from the sizes** (every rank computes the same
-choice from the same config, so the collective calls match):
+ways to combine them, chosen **per table, once, from the bytes each would move** (every rank
+computes the same choice from the same config and profile, so the collective calls match),
+``b`` bytes a value on the wire (4; 2 with ``cluster.wire_dtype: bfloat16``):
 
 * **dense all-reduce** of a ``[K, dim + 1]`` tensor (the scattered gradient plus a "touched"
-  column): a ring all-reduce moves about ``2·(N-1)/N · K·(dim+1)·4`` bytes per rank whatever
-  the batch. Cheap when the table's hot set is small (device, hour, segment, city, category).
+  column): a ring all-reduce moves about ``2·(N-1)/N · K·(dim+1)·b`` bytes per rank whatever
+  the batch.
 * **sparse all-gather** of the touched slots and their gradient rows: about
-  ``(N-1) · U·(dim + 1)·4`` bytes per rank. Cheap when ``K`` is much larger than what one step
-  touches (item ids, tags): a dense all-reduce of a 100k-row table would move megabytes per
-  step for a few hundred touched rows.
+  ``(N-1) · U·(dim·b + 4)`` bytes per rank (the slot rides as 4 bytes, ``wire.pack``). Cheap
+  when ``K`` is much larger than what one step touches (item ids, tags): a dense all-reduce of
+  a 100k-row table would move megabytes per step for a few hundred touched rows.
+
+``U`` is the number of distinct hot rows a step is *expected* to touch under the id profile
+(``auto.hot_touched``, the figure the split's cost model uses), not the most it could touch:
+with the bound (``samples x ids per sample``, at least ``K`` for a small table) a small table
+always looked as dear to gather as to all-reduce, and went dense even where a step touches a
+few of its rows.
 
 The result is the same either way: the touched slots (union over ranks, in a rank-independent
 order) and the *mean* gradient over ranks, like the dense weights (``dense_sync``). Rows a rank
 did not touch count as a zero gradient in the mean, as they do for a dense weight. The slots
 come out unique, so the lazy optimizer (``embedding/optimizers.py``) scatters without collisions.
+Gradient values cross in the wire dtype (the dense all-reduce through ``sync.allreduce``, the
+gather packed by ``wire.pack``); the slots cross exact.
 """
 from __future__ import annotations
 
@@ -24,20 +33,23 @@ from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
-
-def dense_cost(k: int, dim: int, n: int) -> float:
-    return 2.0 * (n - 1) / n * k * (dim + 1) * 4
+from gmeta_tf.embedding.wire import ID_BYTES
 
 
-def sparse_cost(touched_bound: int, dim: int, n: int) -> float:
-    return float((n - 1) * touched_bound * (dim + 1) * 4)
+def dense_cost(k: int, dim: int, n: int, value_bytes: int = 4) -> float:
+    return 2.0 * (n - 1) / n * k * (dim + 1) * value_bytes
 
 
-def choose_mode(k: int, dim: int, touched_bound: int, n: int) -> str:
+def sparse_cost(touched: float, dim: int, n: int, value_bytes: int = 4) -> float:
+    return float((n - 1) * touched * (dim * value_bytes + ID_BYTES))
+
+
+def choose_mode(k: int, dim: int, touched: float, n: int, value_bytes: int = 4) -> str:
+    """``touched``: the distinct rows of the table one step is expected to touch (at most ``k``)."""
     if n <= 1:
         return "local"
-    bound = min(k, touched_bound)
-    return "dense" if dense_cost(k, dim, n) <= sparse_cost(bound, dim, n) else "sparse"
+    u = min(k, touched)
+    return "dense" if dense_cost(k, dim, n, value_bytes) <= sparse_cost(u, dim, n, value_bytes) else "sparse"
 
 
 def touched_slots(grad, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -54,14 +66,14 @@ def touched_slots(grad, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
 class HotGradSync:
     """Turns per-rank hot-row gradients into identical (slots, mean gradient) on every rank."""
 
-    def __init__(self, sync, sizes: Dict[str, int], dim: Dict[str, int], touched_bound: Dict[str, int]):
+    def __init__(self, sync, sizes: Dict[str, int], dim: Dict[str, int], touched: Dict[str, float]):
+        """``touched``: the distinct hot rows of each table one step is expected to touch."""
         self.sync = sync
         self.size = int(sync.size)
         self.sizes = sizes
-        self.modes = {t: choose_mode(sizes[t], dim[t], touched_bound[t], self.size) for t in sizes}
-        for t, k in sizes.items():  # slots travel as float32 in the sparse exchange
-            if k >= 1 << 24 and self.modes[t] == "sparse":
-                self.modes[t] = "dense"
+        self.dims = dim
+        self.wire = sync.wire
+        self.modes = {t: choose_mode(sizes[t], dim[t], touched[t], self.size, self.wire.value_bytes) for t in sizes}
 
     def aggregate(self, names: List[str], grads: List) -> List[Tuple[tf.Tensor, tf.Tensor]]:
         local = [touched_slots(g, self.sizes[t]) for t, g in zip(names, grads)]
@@ -81,14 +93,14 @@ class HotGradSync:
                 out[i] = (slots, tf.gather(full[:, :-1], slots))
         sparse_i = [i for i, t in enumerate(names) if self.modes[t] == "sparse"]
         if sparse_i:
-            # One [U, dim + 1] tensor per table (the slot rides along as a float: exact below
-            # 2^24 rows, checked in __init__), all tables in one grouped all-gather: one
-            # negotiation round per step however many tables, which matters on busy hosts.
-            packed = [tf.concat([local[i][1], tf.cast(local[i][0], tf.float32)[:, None]], 1) for i in sparse_i]
+            # One tensor per table (each row with its slot, ``wire.pack``), all tables in one
+            # grouped all-gather: one negotiation round per step however many tables, which
+            # matters on busy hosts.
+            packed = [self.wire.pack(local[i][1], local[i][0]) for i in sparse_i]
             for i, full in zip(sparse_i, self.sync.allgather_group(packed)):
-                all_slots = tf.cast(full[:, -1], tf.int64)
-                uniq, pos = tf.unique(all_slots)  # first appearance in rank order: same everywhere
-                summed = tf.math.unsorted_segment_sum(full[:, :-1], pos, tf.size(uniq))
+                rows, all_slots = self.wire.unpack(full, self.dims[names[i]])
+                uniq, pos = tf.unique(tf.cast(all_slots, tf.int64))  # first appearance in rank order: same everywhere
+                summed = tf.math.unsorted_segment_sum(rows, pos, tf.size(uniq))
                 out[i] = (uniq, summed / float(self.size))
         for i, t in enumerate(names):
             if self.modes[t] == "local":
