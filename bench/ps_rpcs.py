@@ -206,8 +206,10 @@ def _count(data: str, out_file: str, ps: str, sets: Sequence[str], rt):
     from gmeta_tf.cluster.worker import load_placement
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.embedding.optimizers import slot_count
+    from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.metaio.reader import load_schema, make_dataset
     from gmeta_tf.plan.placement_file import check_tasks
+    from gmeta_tf.train.dense_sync import HorovodSync
     from gmeta_tf.train.trainer import build_tables_once
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}", f"cluster.ps=[{ps}]", *sets])
@@ -215,7 +217,9 @@ def _count(data: str, out_file: str, ps: str, sets: Sequence[str], rt):
     placement = load_placement(cfg.cluster.placement)
     if placement:
         check_tasks(placement, rt.ps_tasks)
-    rt = replace(rt, namespace=f"{rt.namespace}-{Path(out_file).stem}", placement=placement)
+    # the run's own wire precision (cluster.wire_dtype), which worker_runtime sets on the sync
+    sync = HorovodSync(rt.sync.hvd, Wire(cfg.cluster.wire_dtype)) if isinstance(rt.sync, HorovodSync) else rt.sync
+    rt = replace(rt, namespace=f"{rt.namespace}-{Path(out_file).stem}", placement=placement, sync=sync)
     run_dir = Path(out_file).parent / f"{Path(out_file).stem}-run"
     built = build_tables_once(cfg, load_schema(data), rt, str(run_dir))
     batches = list(make_dataset(data, "train", cfg.data, rank=rt.rank, size=rt.size).take(1 + STEPS))
