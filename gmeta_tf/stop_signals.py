@@ -64,6 +64,14 @@ class StopSignals:
     def first(self) -> Optional[int]:
         return self.received[0] if self.received else None
 
+    def wake(self) -> None:
+        """Wake a thread blocked in ``wait`` (with no signal: it returns an empty list)."""
+        if self._w is not None:
+            try:
+                os.write(self._w, b"\0")
+            except OSError:  # the pipe is full: the thread has bytes to wake up to already
+                pass
+
     def wait(self, timeout_s: float) -> List[int]:
         """For a watcher thread: the stop signals that arrived since the last call, waiting up to
         ``timeout_s`` for one (read from the wake-up pipe, so it returns even while the main

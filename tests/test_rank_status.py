@@ -167,3 +167,22 @@ def test_a_restart_history_survives_the_record_round_trip_to_the_summary():
 
     r = restarts.Restart(1, "worker rank 1 failed (killed by SIGKILL)", 137, 27, time.time())
     assert restarts.from_env({restarts.RESTARTS_ENV: restarts.encode([r])}) == [r]
+
+
+def test_the_rank_agent_writes_the_exit_of_a_rank_killed_by_a_signal(tmp_path):
+    """Under horovodrun the rank is the agent's child: the agent reaps it and writes what a rank
+    killed by SIGKILL could not, then exits with the rank's code (horovodrun sees what it did)."""
+    import json
+    import subprocess
+    import sys
+
+    from launch.rank_agent import RANK_ARGV_ENV, agent_argv
+
+    rank = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), RANK_ARGV_ENV: json.dumps(rank),
+           rank_status.STATUS_DIR_ENV: str(tmp_path), "HOROVOD_RANK": "1"}
+    r = subprocess.run(agent_argv(), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 137, r.stderr
+    got = rank_status.read(str(tmp_path), 1)
+    assert (got.exit.reason, got.exit.code, got.exit.signal) == (ExitReason.KILLED, 137, "SIGKILL")
+    assert b"train" not in " ".join(agent_argv()).encode()  # a rank is found by its command line alone

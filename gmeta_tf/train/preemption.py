@@ -86,6 +86,7 @@ class PreemptionWatch:
 
     def __exit__(self, *exc) -> None:
         self._closing.set()
+        self._signals.wake()
         if self._thread is not None:
             self._thread.join(timeout=2 * _POLL_S + 1.0)
             self._thread = None
