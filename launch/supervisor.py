@@ -166,7 +166,8 @@ def _status_dir(run_dir: str) -> Iterator[str]:
     """The ranks' status records: ``status/`` of a local run directory (kept, so what the last
     cluster's ranks said can be read afterwards), else a directory of this launch's."""
     if "://" not in run_dir or run_dir.startswith("file://"):
-        yield os.path.join(run_dir[len("file://"):] if run_dir.startswith("file://") else run_dir, STATUS_DIR)
+        yield os.path.abspath(os.path.join(run_dir[len("file://"):] if run_dir.startswith("file://") else run_dir,
+                                           STATUS_DIR))
         return
     tmp = tempfile.mkdtemp(prefix="gmeta-status-")
     try:
