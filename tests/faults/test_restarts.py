@@ -35,6 +35,7 @@ from fault_helpers import (
     _output,
     _rank_pids,
     _resume_once_pending,
+    _resume_once_stop_requested,
     _sets,
     _spawn,
     _wait_for,
@@ -112,7 +113,7 @@ def test_sigterm_to_the_launcher_checkpoints_every_step_and_resumes_exactly(tiny
     rank0 = _wait_frozen(lambda: _rank_pids(no_orphans, 0), proc, what="rank 0 to freeze after step 10")
     sent = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a platform would
-    _resume_once_pending(rank0, signal.SIGTERM)  # once the launcher has passed it on
+    _resume_once_stop_requested(rank0)  # once the launcher has written the stop request
     code, out = _finish(proc, timeout=120)
     took = time.monotonic() - sent
     assert code == EXIT_PREEMPTED, out[-3000:]
