@@ -13,6 +13,10 @@ Two real ``gmeta launch local`` jobs on the quickstart config, each hit once:
   report), ``preempt_exit_s`` the signal-to-exit time of the whole job, and the resumed job's
   first step gives ``preempt_steps_redone`` (0 by construction of the protocol, measured here).
 
+What the bench reads of the ranks it reads from their status records (``<run>/status``,
+``gmeta_tf/train/rank_status.py``): the step they reached, the step and seconds of the
+preemption checkpoint, the step a resumed job started from. No log line is parsed.
+
 Times on this 2-core box are dominated by process start-up (TensorFlow imports, the PS
 readiness, the Gloo ring): they bound what a real cluster pays, whose pods start in parallel on
 their own cores.
@@ -21,13 +25,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
+
+from gmeta_tf import exit_codes
+from gmeta_tf.train import rank_status
 
 CHECKPOINT_EVERY = 50
 STEPS = 120
@@ -40,33 +45,39 @@ def _argv(data: str, run: Path, *extra: str) -> List[str]:
 
 
 class _Job:
-    def __init__(self, argv: List[str], log: Path):
+    def __init__(self, argv: List[str], log: Path, run: Path):
         self.log_path = log
+        self.status_dir = str(run / rank_status.STATUS_DIR)
         self.fh = open(log, "w+")
         self.proc = subprocess.Popen(argv, stdout=self.fh, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    def text(self) -> str:
-        self.fh.flush()
-        return self.log_path.read_text()
+    def ranks(self) -> Dict[int, rank_status.RankStatus]:
+        return rank_status.read_all(self.status_dir)
 
-    def wait_for(self, pattern: str, timeout: float = 600) -> re.Match:
+    def wait_until(self, what: str, cond: Callable[[Dict[int, rank_status.RankStatus]], bool],
+                   timeout: float = 600) -> Dict[int, rank_status.RankStatus]:
+        """Until the ranks' records satisfy ``cond`` (the job still running)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            m = re.search(pattern, self.text())
-            if m:
-                return m
+            ranks = self.ranks()
+            if cond(ranks):
+                return ranks
             if self.proc.poll() is not None:
                 break
             time.sleep(0.2)
-        raise RuntimeError(f"bench faults: {pattern!r} not seen; log {self.log_path}:\n{self.text()[-3000:]}")
+        raise RuntimeError(f"bench faults: {what} not reached; log {self.log_path}:\n{self.log_path.read_text()[-3000:]}")
+
+    def wait_step(self, step: int) -> None:
+        # a record with an exit is an earlier job's (the launcher clears them as its ranks start)
+        self.wait_until(f"step {step}", lambda ranks: any(r.exit is None and r.step >= step for r in ranks.values()))
 
     def finish(self, timeout: float = 900) -> int:
         try:
             return self.proc.wait(timeout)
         finally:
             if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, 9)
                 self.proc.wait()
             self.fh.close()
 
@@ -81,9 +92,9 @@ def _ps_pids(launcher_pid: int) -> List[int]:
 def measure_ps_kill(data: str, work: Path) -> Dict:
     run = work / "ps_kill"
     job = _Job(_argv(data, run, "--no-resume", "--max-restarts", "1", "--set",
-                     f"train.checkpoint_every={CHECKPOINT_EVERY}"), work / "ps_kill.log")
-    job.wait_for(rf"step {CHECKPOINT_EVERY + 10}/{STEPS}")
-    os.kill(_ps_pids(job.proc.pid)[0], signal.SIGKILL)
+                     f"train.checkpoint_every={CHECKPOINT_EVERY}"), work / "ps_kill.log", run)
+    job.wait_step(CHECKPOINT_EVERY + 10)
+    os.kill(_ps_pids(job.proc.pid)[0], 9)
     code = job.finish()
     if code != 0:
         raise RuntimeError(f"bench faults: the restarted job failed ({code}); log {job.log_path}")
@@ -96,21 +107,21 @@ def measure_ps_kill(data: str, work: Path) -> Dict:
 def measure_preemption(data: str, work: Path) -> Dict:
     run = work / "preempt"
     argv = _argv(data, run, "--set", "train.checkpoint_every=1000")
-    job = _Job([*argv, "--no-resume"], work / "preempt.log")
-    job.wait_for(rf"step 60/{STEPS}")
+    job = _Job([*argv, "--no-resume"], work / "preempt.log", run)
+    job.wait_step(60)
     sent = time.monotonic()
-    os.kill(job.proc.pid, signal.SIGTERM)
+    os.kill(job.proc.pid, exit_codes.STOP_SIGNALS[0])
     code = job.finish()
     exit_s = time.monotonic() - sent
-    text = job.text() if not job.fh.closed else job.log_path.read_text()
-    saved = re.search(r"rank 0: preempted .*checkpointed step (\d+) .* in ([\d.]+) s", text)
-    if code != 128 + signal.SIGTERM or saved is None:
-        raise RuntimeError(f"bench faults: the preempted job exited {code}; log {job.log_path}")
-    step = int(saved.group(1))
-    resumed = _Job([*argv, "--resume", "--steps", str(step + 10)], work / "preempt_resume.log")
-    m = resumed.wait_for(r"resumed from .* at step (\d+)")
+    rank0 = job.ranks().get(0)
+    if code != exit_codes.PREEMPTED.code or rank0 is None or rank0.exit is None or not rank0.exit.checkpointed:
+        raise RuntimeError(f"bench faults: the preempted job exited {code} (rank 0: {rank0}); log {job.log_path}")
+    step = rank0.checkpoint
+    resumed = _Job([*argv, "--resume", "--steps", str(step + 10)], work / "preempt_resume.log", run)
+    started = resumed.wait_until("the resumed job's start", lambda ranks: ranks.get(0) is not None
+                                 and ranks[0].exit is None and ranks[0].start_step is not None)
     resumed.finish()
-    return {"preempt_steps_redone": step - int(m.group(1)), "preempt_checkpoint_s": float(saved.group(2)),
+    return {"preempt_steps_redone": step - started[0].start_step, "preempt_checkpoint_s": rank0.exit.checkpoint_s,
             "preempt_exit_s": exit_s, "preempt_step": step}
 
 

@@ -1,6 +1,6 @@
 """The paths of the ``network`` bench section: tasks/s and bytes on the wire under emulated links.
 
-Every point is one 2-worker + 2-PS job on emulated hosts (launch/emulated_hosts.py: each PS and
+Every point is one 2-worker + 2-PS job on emulated hosts (launch/emulated_cluster.py: each PS and
 each worker in its own network namespace, started TFJob-style), on the hot split's Zipf 1.2 data
 (bench/hot_split.py), so the default path and the hot split read the same batches.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -92,8 +91,8 @@ def _entrypoint_args(data: str, out: Path, sets: Sequence[str]) -> List[str]:
 
 def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600) -> Dict[str, float]:
     """One job on emulated hosts: tasks/s and bytes per step over worker 0's measured window."""
-    from launch.emulated_hosts import EmulatedJob, host_names, run_job
-    from launch.local_cluster import LocalCluster
+    from launch.emulated_cluster import EmulatedCluster
+    from launch.emulated_hosts import host_names
     from launch.network.netns import EmulatedNetwork, sweep_stale
     from launch.network.profile import parse_profile
 
@@ -101,29 +100,17 @@ def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s
     hosts = host_names(WORKERS, PS)
     net = EmulatedNetwork(hosts, parse_profile(profile))
     window = _Window({h: net.namespace(h) for h in hosts})
-    cluster = LocalCluster(log=window.on_line)
-    job = EmulatedJob(workers=WORKERS, ps=PS, entrypoint_args=_entrypoint_args(data, out, sets),
-                      python=sys.executable)
-
-    def spawn(name, argv, env, prefix):
-        base = cluster.env
-        cluster.env = {**base, **env}
+    with net:
+        cluster = EmulatedCluster(net, log=window.on_line)
         try:
-            return cluster.spawn(name, argv, prefix=prefix).proc
+            cluster.start_ps(PS)
+            code = cluster.train(WORKERS, _entrypoint_args(data, out, sets), timeout_s)
+            dead_ps = [c.name for c in cluster.ps_children() if c.proc.poll() is not None]
         finally:
-            cluster.env = base
-
-    try:
-        with net:
-            try:
-                result = run_job(net, job, spawn, timeout_s=timeout_s, log=lambda m: None)
-            finally:
-                cluster.teardown()
-    finally:
-        cluster.teardown()
-    if not result.ok or not window.done.is_set():
+            cluster.teardown()
+    if code != 0 or dead_ps or not window.done.is_set():
         tail = "\n".join(line for c in cluster.children for line in c.lines[-15:])
-        raise RuntimeError(f"network bench point {profile} {list(sets)} failed: {result}\n{tail}")
+        raise RuntimeError(f"network bench point {profile} {list(sets)} failed: exit {code}, dead PS {dead_ps}\n{tail}")
     steps = STEPS - FIRST
     seconds = window.marks[STEPS] - window.marks[FIRST]
     per_dir = {h: [(b - a) / steps for a, b in zip(window.counters[FIRST][h], window.counters[STEPS][h])]

@@ -1,16 +1,17 @@
 """Errors the user can act on. The CLI prints these as one line, never a stack trace.
 
-The exit code is the error's ``exit_code`` (2 unless it says otherwise). Two kinds of failure
-get codes a scheduler can tell apart from a mistake of the user's: a Kubeflow ``restartPolicy:
-ExitCode`` restarts a pod whose container exits 128-255 and leaves one that exits 1-127 failed,
-so a bad config (2) is not retried forever while a preemption (143) or a cluster fault
-(``EXIT_CLUSTER_FAULT``) is.
+The exit code is the error's ``exit_code``, a row of ``gmeta_tf/exit_codes.py`` (2 unless it says
+otherwise): a bad config (2) is not retried forever while a preemption (143) or a cluster fault
+(200) is.
 """
 import re
 
-EXIT_USER_ERROR = 2
-EXIT_PREEMPTED = 128 + 15  # SIGTERM's own code: what a platform that sent it expects back
-EXIT_CLUSTER_FAULT = 200  # a lost PS or peer worker: retryable (128-255), and no signal's code
+from gmeta_tf import exit_codes
+
+# The table's codes under the names the rest of the code base (and its tests) import.
+EXIT_USER_ERROR = exit_codes.USER_ERROR.code
+EXIT_PREEMPTED = exit_codes.PREEMPTED.code
+EXIT_CLUSTER_FAULT = exit_codes.CLUSTER_FAULT.code
 
 
 class UserError(Exception):
@@ -39,10 +40,23 @@ class Preempted(UserError):
     """The job was told to stop (SIGTERM / SIGINT to a worker or the launcher) and every rank
     checkpointed at one agreed step first. Exits with the signal's own code (143 for SIGTERM)."""
 
-    def __init__(self, message: str, step: int, signum: int):
+    def __init__(self, message: str, step: int, signum: int, save_s: float = 0.0):
         super().__init__(message)
         self.step = step
-        self.exit_code = 128 + signum
+        self.signum = signum
+        self.save_s = save_s
+        self.exit_code = exit_codes.signal_exit(signum)
+
+
+class JobFailed(ClusterError):
+    """A launched job (``gmeta launch local``) ended without finishing. Its exit code is its
+    first cause's, so one fault ends with one code whichever command ran it: a dead PS or rank
+    is ``CLUSTER_FAULT`` (200) as in the rank itself, a rank's own mistake stays 2, the
+    launch's ``--timeout`` is ``TIMED_OUT`` (124)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class CheckpointError(UserError):

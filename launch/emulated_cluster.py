@@ -1,31 +1,40 @@
 """``gmeta launch local --network PROFILE``: the same cluster as ``LocalCluster``, each PS and each
 worker on an emulated host of its own (``launch/network/``), started the way a TFJob's pods are
-(``launch/emulated_hosts.py``: ``TF_CONFIG``, the Gloo rendezvous, no horovodrun).
+(``launch/emulated_hosts.py`` says what each host runs: ``TF_CONFIG``, the Gloo rendezvous, no
+horovodrun).
 
-Everything else is ``LocalCluster``'s: the processes, their prefixed output, teardown, the PS
-watch, preemption requests passed to the workers, the failure report the supervisor reads. So a
-restart, a preemption or a kill behaves the same on loopback and on emulated links, and the
-fault tests can cut, slow or drop one host's link (``net.cut`` / ``set_rate`` / ``set_loss``).
+The one orchestrator of an emulated job: ``gmeta launch local --network`` and the network bench
+(``bench/network_paths.py``) both start, watch and stop their processes here. Everything else is
+``LocalCluster``'s: the processes, their prefixed output, teardown, the PS watch, the stop file
+every rank reads, the status records the supervisor reads (the workers are this launcher's own
+children, so it writes the exit of one killed by a signal itself). So a restart, a preemption or
+a kill behaves the same on loopback and on emulated links, and the fault tests can cut, slow or
+drop one host's link (``net.cut`` / ``set_rate`` / ``set_loss``).
 """
 from __future__ import annotations
 
+import os
+import sys
 import tempfile
+import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from gmeta_tf.errors import ClusterError
 from launch import emulated_hosts
-from launch.local_cluster import LocalCluster
+from launch.local_cluster import Child, LaunchStopped, LocalCluster
 from launch.network.faults import NetworkFault
 from launch.network.netns import EmulatedNetwork
 
 
 class EmulatedCluster(LocalCluster):
-    def __init__(self, net: EmulatedNetwork, workers: int, ps: int, log: Callable[[str], None] = print,
+    def __init__(self, net: EmulatedNetwork, log: Callable[[str], None] = print,
                  env: Optional[Dict[str, str]] = None, grace_s: float = 10.0,
-                 faults: Sequence[NetworkFault] = ()):
+                 faults: Sequence[NetworkFault] = (), python: str = sys.executable):
         super().__init__(log=log, env=env, grace_s=grace_s)
         self.net = net
-        self.job = emulated_hosts.EmulatedJob(workers=workers, ps=ps)
-        self.workers: List = []
+        self.python = python
+        self.ps_count = 0
+        self.workers: List[Child] = []
         self.pending = list(faults)  # each fires once, when a worker reached its step
 
     def tick(self) -> None:
@@ -37,34 +46,53 @@ class EmulatedCluster(LocalCluster):
             self.log(f"[launch] step {step}: network fault {fault.host} {fault.kind}={fault.value:g}")
             fault.apply(self.net)
 
-    def _spawn(self, name, argv, env, prefix):
-        return self.spawn(name, argv, prefix=prefix, env=env).proc
+    def _need_hosts(self, hosts: List[str]) -> None:
+        missing = [h for h in hosts if h not in self.net.hosts]
+        if missing:
+            raise ClusterError(f"the emulated network has no host(s) {', '.join(missing)}")
 
     def start_ps(self, count: int, timeout_s: float = 120.0, python: Optional[str] = None) -> List[str]:
+        """Start ``count`` PS, one on each host ``ps0..``, and wait until each has written its ready file."""
+        self._need_hosts(emulated_hosts.host_names(0, count))
+        self.ps_count = count
+        spec = emulated_hosts.cluster_spec(self.net, 0, count)["ps"]
         with tempfile.TemporaryDirectory(prefix="gmeta-ready-") as ready_dir:
-            emulated_hosts.start_ps(self.net, self.job, self._spawn, ready_dir, timeout_s, self.log)
-        self.ps_addresses = emulated_hosts.cluster_spec(self.net, self.job)["ps"]
+            started = []
+            for i in range(count):
+                host, ready = f"ps{i}", os.path.join(ready_dir, f"ps{i}.ready")
+                argv = emulated_hosts.ps_argv(python or self.python, spec, i, ready)
+                started.append((self.spawn(f"ps:{i} ({spec[i]})", self.net.exec_argv(host, argv), prefix=host), ready))
+            deadline = time.monotonic() + timeout_s
+            for child, ready in started:
+                while not os.path.exists(ready):
+                    if self.stop_signals():
+                        raise LaunchStopped(self.stop_signals()[0])
+                    if child.proc.poll() is not None:
+                        raise ClusterError(f"{child.name} exited with code {child.proc.returncode} before it was ready")
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"{child.name} not ready after {timeout_s:.0f} s")
+                    time.sleep(0.2)
+        self.ps_addresses = spec
+        self.log(f"[launch] {count} PS ready on emulated hosts: {', '.join(spec)}")
         return self.ps_addresses
 
     def train(self, workers: int, train_args: List[str], timeout_s: Optional[float] = None) -> int:
-        """Every worker runs ``gmeta k8s entrypoint train_args`` on its host (the entrypoint
-        always resumes, as a restarted pod does)."""
-        args = [a for a in train_args if a not in ("--resume", "--no-resume")]
+        """Every worker runs ``gmeta k8s entrypoint train_args`` on its host. The entrypoint always
+        resumes, as a restarted pod does: ``--resume`` is what it does anyway, ``--no-resume``
+        cannot be honoured and is refused."""
+        if "--no-resume" in train_args:
+            raise ClusterError("--no-resume cannot be honoured on emulated hosts: the TFJob entrypoint always "
+                               "resumes; start from an empty --out instead")
+        self._need_hosts(emulated_hosts.host_names(workers, 0))
+        args = [a for a in train_args if a != "--resume"]
+        self.start_ranks()
         self.workers = []
         for i in range(workers):
             host = f"worker{i}"
-            argv = [self.job.python, "-m", "gmeta_tf.cli.main", "k8s", "entrypoint", *args]
-            self.workers.append(self.spawn(f"worker:{i} ({self.net.address(host)})", self.net.exec_argv(host, argv),
-                                           prefix=host, env=emulated_hosts.worker_env(self.net, self.job, i)))
+            env = {**emulated_hosts.worker_env(self.net, workers, self.ps_count, i), **self.rank_env()}
+            child = self.spawn(f"worker:{i} ({self.net.address(host)})",
+                               self.net.exec_argv(host, emulated_hosts.worker_argv(self.python, args)),
+                               prefix=host, env=env)
+            child.rank = i  # `ip netns exec` execs: the pid is the worker's, and so is its exit status
+            self.workers.append(child)
         return self.wait_workers(self.workers, timeout_s)
-
-    def worker_pids(self) -> List[int]:
-        # `ip netns exec` enters the namespace and execs the command: the pid is the worker's
-        return [c.proc.pid for c in self.workers if c.proc.poll() is None]
-
-    def failed_ranks(self) -> Dict[int, int]:
-        """``{rank: exit code}`` of the worker that failed first (the others fail because of it)."""
-        for c in self.exit_order:
-            if c in self.workers and c.proc.returncode:
-                return {self.workers.index(c): c.proc.returncode}
-        return {}

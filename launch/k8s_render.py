@@ -32,9 +32,11 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
+from gmeta_tf import exit_codes
 from gmeta_tf.config.loader import config_to_dict
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import UserError
+from launch.tfjob_ports import HEALTH_PORT, RENDEZVOUS_PORT, TFJOB_PORT
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CRD_ENV = "GMETA_TFJOB_CRD"
@@ -44,9 +46,6 @@ CONFIG_DIR = "/etc/gmeta"
 CONFIG_KEY = "config.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 CHECKPOINT_MOUNT = "/ckpt"
-TFJOB_PORT = 2222  # the operator builds TF_CONFIG from the port named tfjob-port
-RENDEZVOUS_PORT = 12355  # Horovod Gloo rendezvous, served by worker 0
-HEALTH_PORT = 2223  # PS readiness probe (ps/server.py: /ready)
 GLOO_IFACE = "eth0"
 # The image's user and group (Dockerfile: USER 1000:1000). Volumes of a pod with fsGroup are
 # group-writable by it, so the non-root image can write its checkpoints to a fresh PVC.
@@ -224,9 +223,25 @@ def render_manifests(
 
 
 # Kubeflow's ExitCode policy restarts a pod whose container exited 128-255 (a signal, a
-# preemption: 143, a lost PS: EXIT_CLUSTER_FAULT) and leaves one that exited 1-127 failed (a bad
-# config exits 2): a mistake is not retried until backoffLimit, a fault is (docs/fault_tolerance.md).
+# preemption: 143, a lost PS: 200) and leaves one that exited 1-127 failed (a bad config exits 2):
+# a mistake is not retried until backoffLimit, a fault is (docs/fault_tolerance.md). It is the
+# policy because gmeta_tf/exit_codes.py's retryable column is that rule (``policy_retries``;
+# tests/test_exit_codes.py holds every row to it).
 RESTART_POLICY = "ExitCode"
+
+
+def policy_retries(code: int) -> bool:
+    """Whether ``RESTART_POLICY`` (the training operator's ExitCode) restarts a pod that exited ``code``."""
+    return 128 <= exit_codes.normalized(code) <= 255
+
+
+def _check_policy() -> None:
+    wrong = [e.name for e in exit_codes.TABLE if e.code and policy_retries(e.code) != e.retryable]
+    if wrong:  # a row added to the table that the rendered pods would treat otherwise
+        raise AssertionError(f"restartPolicy {RESTART_POLICY} disagrees with exit_codes on: {wrong}")
+
+
+_check_policy()
 GRACE_MARGIN_S = 5  # Python start-up of the signal handler, Horovod's shutdown, the PS's own exit
 
 

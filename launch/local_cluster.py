@@ -7,23 +7,28 @@ What a user trusts this for:
 * PS processes listen on free loopback ports and are waited on through their readiness probe
   (``ps/server.py``), never a sleep; a PS that dies before it is ready is named.
 * Every line of every process is streamed with a prefix (``[ps0]``; Horovod's own
-  ``[rank,...]<stdout>`` prefixes for the workers).
-* A stop request (``request_stop``: the launcher got SIGTERM / Ctrl-C) goes to every rank as the
-  signal itself, so they checkpoint at one agreed step before exiting.
+  ``[rank,...]<stdout>`` prefixes for the workers). Lines are only echoed: what the launcher
+  knows of a rank (its step, its checkpoint, why it exited) it reads from the rank's status
+  record (``gmeta_tf/train/rank_status.py``), never from text. Under ``horovodrun`` each rank runs
+  behind ``launch/rank_agent.py``, which records the exit of a rank killed by a signal.
+* A stop request (the launcher got a stop signal) is written as the stop file of the status
+  directory, which every rank reads when it starts and at every step's vote: ranks that
+  ``horovodrun`` has not started yet get it too, and all checkpoint at one agreed step. A second
+  signal stops everything at once (``LaunchStopped``).
 * Teardown on success, failure and interruption: every child runs in its own process group and
   the whole group gets SIGTERM, then SIGKILL after a grace period: no orphans.
 * A launcher killed outright (kill -9) runs no teardown, so each child also asks the kernel for
   SIGTERM when the launcher dies (``prctl(PR_SET_PDEATHSIG)``), and a PS watches the launcher's
   pid (``LAUNCHER_PID_ENV``) besides: the PS, holding the tables in memory, never outlives it.
-* What failed is readable afterwards (``failed_ranks``, dead PS children, ``last_step_seen``),
+* What failed is readable afterwards (``rank_exits``, dead PS children, ``last_step_seen``),
   so the supervisor's message names the rank or PS at fault.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
-import re
 import shlex
 import signal
 import socket
@@ -36,8 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from gmeta_tf import exit_codes
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.quiet import NOISE
+from gmeta_tf.stop_signals import StopSignals
+from gmeta_tf.train import rank_status
+from gmeta_tf.train.rank_status import STATUS_DIR_ENV, STOP_FILE, STOP_FILE_ENV, RankStatus, StopRequest
+from launch.rank_agent import RANK_ARGV_ENV, agent_argv
 
 LAUNCH_ID_ENV = "GMETA_LAUNCH_ID"  # set on every child, so tests can prove none outlives a launch
 LAUNCHER_PID_ENV = "GMETA_LAUNCHER_PID"  # a PS started by a launcher exits when this pid is gone
@@ -53,9 +63,15 @@ def _die_with(parent: int):
         if os.getppid() != parent:
             os._exit(1)
     return setup
-_RANK_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)")
-_STEP_SEEN = re.compile(r"\bstep (\d+)/\d+|\bat step (\d+)|checkpointed step (\d+)")
-_FIRST_FAILURE = re.compile(r"Terminating remaining workers after failure of Process (\d+)")
+
+
+class LaunchStopped(KeyboardInterrupt):
+    """The launcher was stopped by ``signum`` before (or without) a preemption checkpoint: a stop
+    signal while the PS start or during a restart's back-off, or a second one."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
@@ -72,17 +88,6 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
             s.close()
 
 
-def signal_name(code: int) -> str:
-    # Popen reports a signal as -N; horovodrun reports its ranks' as 128 + N, the shell's way
-    sig = -code if code < 0 else code - 128 if 128 < code < 160 else 0
-    if sig:
-        try:
-            return f"killed by {signal.Signals(sig).name}"
-        except ValueError:
-            return f"killed by signal {sig}"
-    return f"exit code {code}"
-
-
 @dataclass
 class Child:
     name: str
@@ -90,6 +95,7 @@ class Child:
     lines: List[str] = field(default_factory=list)
     thread: Optional[threading.Thread] = None
     stopping: bool = False
+    rank: Optional[int] = None  # a worker rank the launcher started itself (no horovodrun)
 
 
 class LocalCluster:
@@ -103,10 +109,23 @@ class LocalCluster:
         self.children: List[Child] = []
         self.ps_addresses: List[str] = []
         self._lock = threading.Lock()
-        self.stop_signal: Optional[int] = None
         self.stop_grace_s = 0.0
         self.first_failure_at: Optional[float] = None  # wall clock of the first death seen
         self.exit_order: List[Child] = []  # waited-for processes, in the order they exited
+        self.status_dir: Optional[str] = None  # the ranks' status records and the stop file
+        self.signals: Optional[StopSignals] = None  # the launcher's, read by the wait loop
+        self._stop_asked: List[int] = []
+
+    def watch_stops(self, signals: Optional[StopSignals], grace_s: float, status_dir: Optional[str]) -> None:
+        """Stop signals the wait loops act on (``signals``: recorded by the launcher's handler),
+        the ranks' grace period, and the directory of their status records and stop file."""
+        self.signals, self.stop_grace_s, self.status_dir = signals, grace_s, status_dir
+
+    def rank_env(self) -> Dict[str, str]:
+        """What tells a rank where its status record goes and which stop file it obeys."""
+        if not self.status_dir:
+            return {}
+        return {STATUS_DIR_ENV: self.status_dir, STOP_FILE_ENV: os.path.join(self.status_dir, STOP_FILE)}
 
     # -- processes ----------------------------------------------------------------------------
     def spawn(self, name: str, argv: List[str], prefix: Optional[str] = None,
@@ -146,66 +165,77 @@ class LocalCluster:
             ps_children.append(self.spawn(f"ps:{i} ({self.ps_addresses[i]})", argv, prefix=f"ps{i}"))
         for i, child in enumerate(ps_children):
             try:
-                wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", timeout_s, child.proc)
+                wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", timeout_s, child.proc,
+                           stop=lambda: bool(self.stop_signals()))
+            except InterruptedError:
+                raise LaunchStopped(self.stop_signals()[0]) from None
             except (RuntimeError, TimeoutError) as e:
                 raise ClusterError(f"{child.name} did not become ready: {e}") from None
         self.log(f"[launch] {count} PS ready: {', '.join(self.ps_addresses)}")
         return self.ps_addresses
 
-    def run_workers(self, workers: int, worker_argv: List[str], timeout_s: Optional[float] = None) -> int:
-        """Run ``worker_argv`` as ``workers`` ranks under ``horovodrun`` to its end."""
+    def run_workers(self, workers: int, worker_argv: List[str], timeout_s: Optional[float] = None,
+                    env: Optional[Dict[str, str]] = None, shown: Optional[List[str]] = None) -> int:
+        """Run ``worker_argv`` as ``workers`` ranks under ``horovodrun`` to its end (``shown``: the
+        command the log line names instead, when ``worker_argv`` wraps it)."""
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-        argv = [horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", *worker_argv]
-        self.log(f"[launch] {shlex.join(argv)}")
-        return self.wait_workers([self.spawn("horovodrun", argv)], timeout_s)
+        argv = [horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+        self.log(f"[launch] {shlex.join(argv + (shown or worker_argv))}")
+        return self.wait_workers([self.spawn("horovodrun", argv + worker_argv, env=env)], timeout_s)
 
     def train(self, workers: int, train_args: List[str], timeout_s: Optional[float] = None) -> int:
-        """``gmeta train train_args`` as ``workers`` Horovod ranks against this cluster's PS."""
+        """``gmeta train train_args`` as ``workers`` Horovod ranks against this cluster's PS, each
+        behind ``launch/rank_agent.py`` when there is a status directory."""
         argv = [sys.executable, "-m", "gmeta_tf.cli.main", "train", *train_args]
         if self.ps_addresses:
             argv += ["--ps", ",".join(self.ps_addresses)]
-        return self.run_workers(workers, argv, timeout_s)
+        if not self.status_dir:
+            return self.run_workers(workers, argv, timeout_s)
+        self.start_ranks()
+        env = {**self.rank_env(), RANK_ARGV_ENV: json.dumps(argv)}
+        return self.run_workers(workers, agent_argv(), timeout_s, env=env, shown=argv)
+
+    def start_ranks(self) -> None:
+        """Before a cluster's ranks start: the records and stop file of the one before go."""
+        if self.status_dir:
+            os.makedirs(self.status_dir, exist_ok=True)
+            rank_status.clear(self.status_dir)
 
     def wait_workers(self, waited: List[Child], timeout_s: Optional[float] = None) -> int:
         """Wait for ``waited`` (horovodrun, or the workers themselves) to exit; their first
-        non-zero code, 0, or 124 at the time-out. A stop request (``request_stop``) is passed to
-        every rank as the signal itself, so they checkpoint at one agreed step
-        (``gmeta_tf/train/preemption.py``); horovodrun's own SIGTERM handling would give them 5 s."""
+        non-zero code, 0, or 124 at the time-out. A stop signal is delivered to every rank as
+        the stop file (``deliver_stop``), running or still to start, so they checkpoint at one
+        agreed step (``gmeta_tf/train/preemption.py``); after the grace period (plus a margin)
+        they are stopped. A second signal raises ``LaunchStopped`` (the caller tears down)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        forwarded = None
+        stop_deadline = None
         while any(c.proc.poll() is None for c in waited):
             for c in self.ps_children():
                 if c.proc.poll() is not None and not c.stopping:
                     c.stopping = True  # report once; the workers fail on their own, naming it
                     self.first_failure_at = self.first_failure_at or time.time()
-                    self.log(f"[launch] {c.name} died ({signal_name(c.proc.returncode)})")
-            for c in waited:
-                if c.proc.poll() is not None and c not in self.exit_order:
-                    self.exit_order.append(c)
+                    self.log(f"[launch] {c.name} died ({exit_codes.describe(c.proc.returncode)})")
+            self._note_exits(waited)
             self.tick()
-            if self.stop_signal is not None and forwarded is None:
-                pids = self.worker_pids()
-                self.log(f"[launch] {signal.Signals(self.stop_signal).name}: asking {len(pids)} worker(s) for a "
-                         f"preemption checkpoint (grace {self.stop_grace_s:g} s)")
-                for pid in pids:
-                    try:
-                        os.kill(pid, self.stop_signal)
-                    except ProcessLookupError:
-                        pass
-                forwarded = time.monotonic() + self.stop_grace_s + 5.0
-            over = forwarded is not None and time.monotonic() > forwarded
+            asked = self.stop_signals()
+            if len(asked) > 1:
+                raise LaunchStopped(asked[0])
+            if asked and stop_deadline is None:
+                self.deliver_stop(asked[0])
+                stop_deadline = time.monotonic() + self.stop_grace_s + 5.0
+            over = stop_deadline is not None and time.monotonic() > stop_deadline
             if over or (deadline is not None and time.monotonic() > deadline):
                 self.log("[launch] workers still running after the grace period: stopping them" if over else
                          f"[launch] workers still running after {timeout_s:.0f} s: stopping them")
                 for c in waited:
                     self._stop(c)
                 if not over:
+                    self._note_exits(waited)
                     return 124
                 break
             time.sleep(0.1)
+        self._note_exits(waited)
         for c in waited:
-            if c not in self.exit_order:
-                self.exit_order.append(c)
             if c.thread is not None:
                 c.thread.join(timeout=5)
         codes = [c.proc.returncode for c in self.exit_order if c in waited and c.proc.returncode]
@@ -213,57 +243,61 @@ class LocalCluster:
             self.first_failure_at = self.first_failure_at or time.time()
         return codes[0] if codes else 0
 
+    def _note_exits(self, waited: List[Child]) -> None:
+        """Exits in the order they happened; a rank this launcher started and reaped itself gets
+        the exit its code tells written into its record, as ``rank_agent`` does under horovodrun."""
+        for c in waited:
+            if c.proc.poll() is not None and c not in self.exit_order:
+                self.exit_order.append(c)
+                if c.rank is not None and self.status_dir:
+                    rank_status.record_exit(self.status_dir, c.rank, c.proc.pid, c.proc.returncode)
+
     def tick(self) -> None:
         """Called every 0.1 s while the workers run (emulated clusters fire scheduled faults)."""
 
+    def stop_signals(self) -> List[int]:
+        """The stop signals this launch got, in order (recorded by the launcher's handler)."""
+        return self._stop_asked + (list(self.signals.received) if self.signals is not None else [])
+
     def request_stop(self, signum: int, grace_s: float) -> None:
-        """Called from the launcher's signal handler: ``wait_workers`` forwards it."""
-        self.stop_signal, self.stop_grace_s = signum, grace_s
+        """Ask for a stop as a signal would (the wait loop delivers it)."""
+        self._stop_asked.append(signum)
+        self.stop_grace_s = grace_s
 
-    def worker_pids(self) -> List[int]:
-        """The ``gmeta train`` rank processes under ``horovodrun`` (each in a session of its own,
-        behind Horovod's middleman and a shell, so neither its group nor its children list has them)."""
-        import psutil
+    def deliver_stop(self, signum: int) -> None:
+        """Write the stop file every rank reads when it starts and at each step's vote; without a
+        status directory the ranks cannot be asked, so they are stopped."""
+        name = exit_codes.signal_name(signum)
+        if not self.status_dir:
+            self.log(f"[launch] {name}: no status directory to ask the workers through: stopping them")
+            for c in self.children:
+                if not c.name.startswith("ps:"):
+                    self._stop(c)
+            return
+        StopRequest(signum, time.time()).write(os.path.join(self.status_dir, STOP_FILE))
+        self.log(f"[launch] {name}: asking every worker for a preemption checkpoint "
+                 f"(grace {self.stop_grace_s:g} s)")
 
-        out = []
-        for hv in (c for c in self.children if c.name == "horovodrun"):
-            try:
-                for p in psutil.Process(hv.proc.pid).children(recursive=True):
-                    try:
-                        cmd = p.cmdline()
-                    except psutil.Error:
-                        continue
-                    if "gmeta_tf.cli.main" in cmd and "train" in cmd:
-                        out.append(p.pid)
-            except psutil.Error:
-                pass
-        return out
+    def rank_records(self) -> Dict[int, RankStatus]:
+        """Every rank's status record, by rank (none without a status directory)."""
+        return rank_status.read_all(self.status_dir)
+
+    def rank_exits(self) -> List[RankStatus]:
+        """The records of the ranks that exited other than done, in the order they exited: the
+        first is the rank at fault, the others followed it (horovodrun stops them, or a
+        collective with it failed)."""
+        out = [r for r in self.rank_records().values()
+               if r.exit is not None and r.exit.reason is not rank_status.ExitReason.DONE]
+        return sorted(out, key=lambda r: r.updated_unix)
 
     def last_step_seen(self) -> Optional[int]:
-        """The newest step the ranks logged or named in a failure (``step N/M``, ``at step N``)."""
-        seen = None
-        for c in self.children:
-            for line in c.lines[-400:]:
-                for m in _STEP_SEEN.finditer(line):
-                    seen = max(seen or 0, int(next(g for g in m.groups() if g)))
-        return seen
+        """The newest step any rank's record reports (written at each logged step, each
+        checkpoint and at its exit)."""
+        steps = [r.step for r in self.rank_records().values()]
+        return max(steps) if steps else None
 
     def ps_children(self) -> List[Child]:
         return [c for c in self.children if c.name.startswith("ps:")]
-
-    def failed_ranks(self) -> Dict[int, int]:
-        """``{rank: exit code}`` of the ranks that failed first: the ones horovodrun stopped
-        because another had failed are left out, so the message names the rank at fault."""
-        hv = [c for c in self.children if c.name == "horovodrun"]
-        out, first = {}, None
-        for line in hv[0].lines if hv else []:
-            m = _RANK_EXIT.search(line)
-            if m and int(m.group(2)) != 0:
-                out[int(m.group(1))] = int(m.group(2))
-            m = _FIRST_FAILURE.search(line)
-            if m and first is None:
-                first = int(m.group(1))
-        return {first: out[first]} if first in out else out
 
     # -- teardown -----------------------------------------------------------------------------
     def _stop(self, child: Child) -> None:

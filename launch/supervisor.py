@@ -10,36 +10,41 @@ module decides what happens around it, the way ``torchrun --max-restarts`` does:
   restarted trainer logs the step it resumed from and the seconds it took
   (``gmeta_tf/train/restarts.py``), and writes every restart into ``train_summary.json``. With
   none left, the last failure is raised as before (``ClusterError``, one line).
-* **The launcher is told to stop** (SIGTERM, SIGINT, SIGHUP): the signal goes to every rank,
-  which checkpoint at one agreed step and exit (``gmeta_tf/train/preemption.py``); the
-  launcher waits for them up to the grace period, stops the PS and returns the signal's exit
-  code (143 for SIGTERM). A second signal stops everything at once.
+* **The launcher is told to stop** (``exit_codes.STOP_SIGNALS``): the request goes to every
+  rank through the stop file of the status directory, read by ranks already running and by
+  those horovodrun starts later alike; they checkpoint at one agreed step and exit
+  (``gmeta_tf/train/preemption.py``). The launcher waits for them up to the grace period, stops
+  the PS and returns the signal's exit code (143 for SIGTERM). It says "checkpointed" only
+  where a rank's record says so. A signal before any rank started (while the PS start, during a
+  back-off) stops the launch at once: there is nothing to checkpoint. A second signal stops
+  everything at once.
 * **A timeout** (``--timeout``) is the whole job's, restarts included, and is never restarted.
+
+The signal handler only records (``gmeta_tf/stop_signals.py``); the wait loops act on it. What
+the launcher reports of a rank (its step, its checkpoint, why it exited) comes from the ranks'
+status records (``gmeta_tf/train/rank_status.py``), and a failed job exits with its first
+cause's code from ``gmeta_tf/exit_codes.py``: a dead PS is 200 here as in ``gmeta train``.
 """
 from __future__ import annotations
 
-import signal
+import os
+import shutil
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-from gmeta_tf.errors import ClusterError
+from gmeta_tf import exit_codes
+from gmeta_tf.errors import ClusterError, JobFailed
+from gmeta_tf.stop_signals import StopSignals
+from gmeta_tf.train.rank_status import STATUS_DIR, ExitReason, RankExit, RankStatus
 from gmeta_tf.train.restarts import RESTARTS_ENV, Restart, encode
-from launch.local_cluster import LocalCluster, signal_name
+from launch.local_cluster import LaunchStopped, LocalCluster
 from launch.network.faults import parse_fault
 from launch.network.profile import format_rate, parse_profile
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-PREEMPTED_CODES = {128 + int(signal.SIGTERM), 128 + int(signal.SIGINT)}
-
-
-class LaunchStopped(KeyboardInterrupt):
-    """The launcher was stopped by ``signum`` before (or without) a preemption checkpoint:
-    Ctrl-C or SIGTERM while the PS start, a second signal, or one during a restart's back-off."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"signal {signum}")
-        self.signum = signum
+__all__ = ["LaunchStopped", "RestartPolicy", "launch_local"]
 
 
 @dataclass(frozen=True)
@@ -57,38 +62,92 @@ class RestartPolicy:
 
 @dataclass
 class Failure:
-    """Why one cluster ended without finishing: the process at fault first, then the rest."""
+    """Why one cluster ended without finishing: the process at fault first, then the rest.
+    ``exit_code`` is that process's own (a restart record keeps it); ``job_code`` is what the
+    launch exits with (``exit_codes``)."""
 
     problems: List[str]
     exit_code: Optional[int]
+    job_code: int
     timed_out: bool = False
+    failed_at: Optional[float] = None
 
     @property
     def cause(self) -> str:
         return self.problems[0]
 
 
+def rank_problem(status: RankStatus) -> str:
+    """One rank's exit as the launcher says it; "checkpointed" only from a record saying so."""
+    e = status.exit
+    r = f"worker rank {status.rank}"
+    if e.reason is ExitReason.PREEMPTED:
+        return f"{r} was stopped by {e.signal} and checkpointed"
+    if e.reason is ExitReason.GRACE_EXPIRED:
+        return f"{r} was stopped by {e.signal} without a checkpoint (the grace period ran out)"
+    if e.reason is ExitReason.SECOND_SIGNAL:
+        return f"{r} was stopped by {e.signal} without a checkpoint (a second stop signal)"
+    return f"{r} failed ({exit_codes.describe(e.code)})"
+
+
+def job_code(e: RankExit) -> int:
+    """The launch's exit code for a rank's exit: a stop keeps its signal's code, a rank's own
+    mistake or bug keeps its code, a rank lost in any other way is a cluster fault."""
+    if e.reason in (ExitReason.PREEMPTED, ExitReason.GRACE_EXPIRED, ExitReason.SECOND_SIGNAL, ExitReason.USER_ERROR):
+        return e.code
+    if e.reason is ExitReason.CRASHED:
+        return exit_codes.FAILED.code
+    if e.reason is ExitReason.EXITED and not exit_codes.retryable(e.code):
+        return e.code
+    return exit_codes.CLUSTER_FAULT.code
+
+
 def _failure(cluster: LocalCluster, code: int, timeout_s: Optional[float]) -> Optional[Failure]:
     """None when the workers finished; else the failure, a dead PS first (the ranks' own
-    failures follow from it)."""
-    problems, first_code = [], None
+    failures follow from it), then the first rank to fail (the others followed it)."""
+    problems, first_code, job, failed_at = [], None, None, cluster.first_failure_at
     for c in cluster.ps_children():
         if c.proc.poll() is not None:
-            problems.append(f"{c.name} died ({signal_name(c.proc.returncode)})")
+            problems.append(f"{c.name} died ({exit_codes.describe(c.proc.returncode)})")
             first_code = first_code if first_code is not None else c.proc.returncode
-    for rank, rc in sorted(cluster.failed_ranks().items()):
-        what = (f"was stopped by {signal_name(rc)[len('killed by '):]} and checkpointed" if rc in PREEMPTED_CODES
-                else f"failed ({signal_name(rc)})")
-        problems.append(f"worker rank {rank} {what}")
-        first_code = first_code if first_code is not None else rc
+            job = job if job is not None else exit_codes.CLUSTER_FAULT.code
+    exits = cluster.rank_exits()
+    if exits:
+        problems.append(rank_problem(exits[0]))
+        first_code = first_code if first_code is not None else exits[0].exit.code
+        job = job if job is not None else job_code(exits[0].exit)
+        failed_at = min(failed_at or exits[0].updated_unix, exits[0].updated_unix)
     if code == 124:
         problems.append(f"timed out after {timeout_s:.0f} s")
+        job = exit_codes.TIMED_OUT.code
     if code != 0 and not problems:
-        problems.append(f"horovodrun failed ({signal_name(code)})")
+        problems.append(f"horovodrun failed ({exit_codes.describe(code)})")
         first_code = code
+        job = exit_codes.FAILED.code
     if not problems:
         return None
-    return Failure(problems, first_code, timed_out=code == 124)
+    return Failure(problems, first_code, job, timed_out=code == 124, failed_at=failed_at)
+
+
+def _stop_outcome(cluster: LocalCluster, workers: int) -> str:
+    """What the ranks did with a stop request, from their records."""
+    records = cluster.rank_records()
+    ranks = [records.get(r) for r in range(workers)]
+    if all(r is not None and r.exit is not None and r.exit.checkpointed for r in ranks):
+        return "the workers checkpointed and exited"
+    if all(r is not None and r.exit is not None and r.exit.reason is ExitReason.DONE for r in ranks):
+        return "the workers had finished"
+    problems = [f"{c.name} died ({exit_codes.describe(c.proc.returncode)})"
+                for c in cluster.ps_children() if c.proc.poll() is not None]
+    for r, status in enumerate(ranks):
+        if status is None:
+            problems.append(f"worker rank {r} never started")
+        elif status.exit is None:
+            problems.append(f"worker rank {r} was stopped without a checkpoint (no exit of its own: stopped "
+                            f"by the launcher after the grace period)")
+        elif not status.exit.checkpointed:
+            problems.append(rank_problem(status))
+    return "; ".join(problems)
 
 
 def _with_resume(train_argv: List[str]) -> List[str]:
@@ -96,17 +155,40 @@ def _with_resume(train_argv: List[str]) -> List[str]:
     return [("--resume" if a == "--no-resume" else a) for a in train_argv]
 
 
+def _run_dir_of(train_argv: Sequence[str]) -> str:
+    """The run directory ``gmeta train`` will use: its ``--out`` (``runs/default`` when absent)."""
+    argv = list(train_argv)
+    return argv[argv.index("--out") + 1] if "--out" in argv[:-1] else "runs/default"
+
+
+@contextmanager
+def _status_dir(run_dir: str) -> Iterator[str]:
+    """The ranks' status records: ``status/`` of a local run directory (kept, so what the last
+    cluster's ranks said can be read afterwards), else a directory of this launch's."""
+    if "://" not in run_dir or run_dir.startswith("file://"):
+        yield os.path.abspath(os.path.join(run_dir[len("file://"):] if run_dir.startswith("file://") else run_dir,
+                                           STATUS_DIR))
+        return
+    tmp = tempfile.mkdtemp(prefix="gmeta-status-")
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[str], None] = print,
                  timeout_s: Optional[float] = None, ps_ready_timeout_s: float = 120.0,
                  restarts: RestartPolicy = RestartPolicy(), grace_s: float = 25.0,
-                 network: Optional[str] = None, network_faults: Sequence[str] = ()) -> int:
+                 network: Optional[str] = None, network_faults: Sequence[str] = (),
+                 run_dir: Optional[str] = None) -> int:
     """Start ``ps`` PS tasks and ``workers`` workers running ``gmeta train train_argv``,
     restarting the whole cluster up to ``restarts.max_restarts`` times. ``network`` (a
     ``--network`` profile) other than loopback puts every process on an emulated host
     (``launch/emulated_cluster.py``), and ``network_faults`` schedules faults on their links.
+    ``run_dir`` is the ranks' ``--out`` (read from ``train_argv`` when not given).
 
-    Returns 0 on success, or the exit code of the stop signal the launcher was sent (the
-    ranks checkpointed first); raises ``ClusterError`` naming every failed rank / PS otherwise.
+    Returns 0 on success, or the exit code of the stop signal the launcher was sent; raises
+    ``JobFailed`` naming every failed rank / PS otherwise, with its first cause's exit code.
     """
     if workers < 1 or ps < 0:
         raise ClusterError(f"--workers must be >= 1 and --ps >= 0 (got {workers}, {ps})")
@@ -116,9 +198,15 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     faults = [parse_fault(f) for f in network_faults]
     if faults and not profile.emulated:
         raise ClusterError("--network-fault needs an emulated network (--network rate=... or a named profile)")
+    run_dir = run_dir or _run_dir_of(train_argv)
     if not profile.emulated:
-        return _supervise(lambda env: LocalCluster(log=log, env=env), workers, ps, train_argv, log, timeout_s,
-                          ps_ready_timeout_s, restarts, grace_s)
+        with _status_dir(run_dir) as status:
+            return _supervise(lambda env: LocalCluster(log=log, env=env), workers, ps, train_argv, log, timeout_s,
+                              ps_ready_timeout_s, restarts, grace_s, status)
+    if "--no-resume" in train_argv:
+        raise ClusterError("--no-resume cannot be honoured with --network: each emulated host runs the TFJob "
+                           "entrypoint, which always resumes (a restarted pod continues its job); start from "
+                           "an empty --out instead")
     from launch.emulated_cluster import EmulatedCluster
     from launch.emulated_hosts import host_names
     from launch.network.netns import EmulatedNetwork, require_privilege, sweep_stale
@@ -128,69 +216,64 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
         # the planner's and model.hot_split: auto's network term read the link the job runs on
         train_argv = [*train_argv, "--set", f"cluster.link_rate={format_rate(profile.rate_bit_s)}"]
     sweep_stale(log)  # what a launcher killed with SIGKILL may have left, should its watchdog have failed
-    with EmulatedNetwork(host_names(workers, ps), profile, log=log) as net:
+    with EmulatedNetwork(host_names(workers, ps), profile, log=log) as net, _status_dir(run_dir) as status:
         bad = [f.host for f in faults if f.host not in net.hosts]
         if bad:
             raise ClusterError(f"--network-fault names no host of this job: {', '.join(bad)} "
                                f"(hosts: {', '.join(net.hosts)})")
-        return _supervise(lambda env: EmulatedCluster(net, workers, ps, log=log, env=env, faults=faults),
-                          workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s)
+        return _supervise(lambda env: EmulatedCluster(net, log=log, env=env, faults=faults),
+                          workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s, status)
+
+
+def _backoff(seconds: float, signals: StopSignals) -> None:
+    """The wait before a restart; a stop signal ends the launch instead."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if signals.received:
+            raise LaunchStopped(signals.first)
+        time.sleep(min(0.1, max(end - time.monotonic(), 0.0)))
 
 
 def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster], workers: int, ps: int,
                train_argv: List[str], log: Callable[[str], None], timeout_s: Optional[float],
-               ps_ready_timeout_s: float, restarts: RestartPolicy, grace_s: float) -> int:
+               ps_ready_timeout_s: float, restarts: RestartPolicy, grace_s: float, status_dir: str) -> int:
     """The restart loop of ``launch_local``, whatever kind of cluster ``make_cluster`` makes."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     history: List[Restart] = []
-    state = {"cluster": None, "signum": None}
-
-    def on_first_signal(signum, _frame):
-        if state["signum"] is not None or not state.get("workers"):
-            raise LaunchStopped(signum)  # a second signal, or no worker to checkpoint yet
-        state["signum"] = signum
-        state["cluster"].request_stop(signum, grace_s)
-
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    for s in previous:
-        signal.signal(s, on_first_signal)
-    try:
-        while True:
-            cluster = make_cluster({RESTARTS_ENV: encode(history)} if history else None)
-            state["cluster"], state["workers"] = cluster, False
-            try:
-                if ps:
-                    cluster.start_ps(ps, ps_ready_timeout_s)
-                left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
-                state["workers"] = True
-                code = cluster.train(workers, _with_resume(train_argv) if history else train_argv, left)
-                failure = _failure(cluster, code, timeout_s)
-                failed_at = cluster.first_failure_at or time.time()
-                step = cluster.last_step_seen()
-            finally:
-                cluster.teardown()
-                state["workers"] = False
-            if state["signum"] is not None:
-                log(f"[launch] stopped by {signal.Signals(state['signum']).name}: "
-                    + ("the workers checkpointed and exited" if failure is None or all(
-                        "checkpointed" in p for p in failure.problems) else "; ".join(failure.problems)))
-                return 128 + state["signum"]
-            if failure is None:
-                return 0
-            if failure.timed_out or len(history) >= restarts.max_restarts:
-                raise ClusterError("launch failed: " + "; ".join(failure.problems)
-                                   + (f" (after {len(history)} restart(s))" if history else ""))
-            attempt = len(history) + 1
-            wait = restarts.backoff(attempt)
-            history.append(Restart(attempt, failure.cause, failure.exit_code, step, failed_at))
-            log(f"[launch] restart {attempt}/{restarts.max_restarts}: {failure.cause}"
-                + (f" (exit code {failure.exit_code})" if failure.exit_code is not None else "")
-                + (f" at step {step}" if step is not None else "")
-                + f"; a new cluster in {wait:g} s resumes from the latest complete checkpoint")
-            time.sleep(wait)
-    except KeyboardInterrupt as e:  # LaunchStopped too; the cluster's teardown has run
-        log("[launch] interrupted: stopped every process")
-        raise e if isinstance(e, LaunchStopped) else LaunchStopped(int(signal.SIGINT)) from None
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    with StopSignals() as signals:
+        try:
+            while True:
+                cluster = make_cluster({RESTARTS_ENV: encode(history)} if history else None)
+                cluster.watch_stops(signals, grace_s, status_dir)
+                try:
+                    if ps:
+                        cluster.start_ps(ps, ps_ready_timeout_s)
+                    if signals.received:  # no rank started yet: nothing to checkpoint
+                        raise LaunchStopped(signals.first)
+                    left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
+                    code = cluster.train(workers, _with_resume(train_argv) if history else train_argv, left)
+                    failure = _failure(cluster, code, timeout_s)
+                    step = cluster.last_step_seen()
+                    outcome = _stop_outcome(cluster, workers) if signals.received else ""
+                finally:
+                    cluster.teardown()
+                if signals.received:
+                    log(f"[launch] stopped by {exit_codes.signal_name(signals.first)}: {outcome}")
+                    return exit_codes.signal_exit(signals.first)
+                if failure is None:
+                    return 0
+                if failure.timed_out or len(history) >= restarts.max_restarts:
+                    raise JobFailed("launch failed: " + "; ".join(failure.problems)
+                                    + (f" (after {len(history)} restart(s))" if history else ""), failure.job_code)
+                attempt = len(history) + 1
+                wait = restarts.backoff(attempt)
+                history.append(Restart(attempt, failure.cause, failure.exit_code, step,
+                                       failure.failed_at or time.time()))
+                log(f"[launch] restart {attempt}/{restarts.max_restarts}: {failure.cause}"
+                    + (f" (exit code {failure.exit_code})" if failure.exit_code is not None else "")
+                    + (f" at step {step}" if step is not None else "")
+                    + f"; a new cluster in {wait:g} s resumes from the latest complete checkpoint")
+                _backoff(wait, signals)
+        except LaunchStopped:  # the cluster's teardown has run
+            log("[launch] interrupted: stopped every process")
+            raise

@@ -16,9 +16,10 @@ from typing import Dict, Optional
 
 from gmeta_tf.cluster.tf_config import TFConfig
 from gmeta_tf.errors import ClusterError
+from launch.tfjob_ports import HEALTH_PORT, RENDEZVOUS_PORT
 
-DEFAULT_RENDEZVOUS_PORT = 12355
-DEFAULT_HEALTH_PORT = 2223
+DEFAULT_RENDEZVOUS_PORT = RENDEZVOUS_PORT  # a pod's, unless GMETA_RENDEZVOUS_PORT says otherwise
+DEFAULT_HEALTH_PORT = HEALTH_PORT  # a PS pod's, unless GMETA_HEALTH_PORT says otherwise
 
 
 def _int_env(env: Dict[str, str], key: str, default: int) -> int:

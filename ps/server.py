@@ -110,13 +110,16 @@ def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
     os._exit(0)
 
 
-def wait_ready(health_url: str, timeout_s: float, proc=None) -> None:
-    """Block until ``health_url`` answers 200, the process dies, or the time-out passes."""
+def wait_ready(health_url: str, timeout_s: float, proc=None, stop=None) -> None:
+    """Block until ``health_url`` answers 200, the process dies, or the time-out passes; raises
+    ``InterruptedError`` as soon as ``stop()`` is true (a launcher told to stop meanwhile)."""
     import urllib.error
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if stop is not None and stop():
+            raise InterruptedError(f"stopped while waiting for {health_url}")
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"exited with code {proc.returncode} before it was ready")
         try:

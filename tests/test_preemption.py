@@ -86,37 +86,36 @@ def test_peer_failures_are_the_clusters_only_with_a_ps():
     assert not is_peer_failure(ValueError("x"), with_ps)
 
 
-class _Proc:
-    def __init__(self, code):
-        self.returncode = code
-
-    def poll(self):
-        return self.returncode
-
-
-def _cluster(ps_codes, horovod_lines):
+def test_the_launcher_blames_the_dead_ps_first_and_knows_a_preemption(tmp_path):
+    """From the ranks' status records (tests/test_rank_status.py has the rest), not their log lines."""
+    from gmeta_tf.train.rank_status import ExitReason, Phase, RankExit, RankStatus, write
     from launch.local_cluster import Child, LocalCluster
-
-    cluster = LocalCluster(log=lambda m: None)
-    for i, code in enumerate(ps_codes):
-        cluster.children.append(Child(f"ps:{i} (127.0.0.1:{7000 + i})", _Proc(code)))
-    cluster.children.append(Child("horovodrun", _Proc(1), lines=horovod_lines))
-    return cluster
-
-
-def test_the_launcher_blames_the_dead_ps_first_and_knows_a_preemption():
     from launch.supervisor import _failure
 
-    ranks_failed = ["[1]<stderr>: lost ps:0 (127.0.0.1:7000) at step 37: Socket closed",
-                    "Process 1 exit with status code 200.", "Process 0 exit with status code 200."]
-    f = _failure(_cluster([-9, None], ranks_failed), 1, None)
-    assert f.cause == "ps:0 (127.0.0.1:7000) died (killed by SIGKILL)" and f.exit_code == -9
-    assert _cluster([-9], ranks_failed).last_step_seen() == 37
-    preempted = ["Terminating remaining workers after failure of Process 1.",
-                 "Process 1 exit with status code 143.", "Process 0 exit with status code 143."]
-    f = _failure(_cluster([None], preempted), 1, None)
+    class _Proc:
+        def __init__(self, code):
+            self.returncode = code
+
+        def poll(self):
+            return self.returncode
+
+    def cluster(status, ps_codes):
+        c = LocalCluster(log=lambda m: None)
+        c.watch_stops(None, 25.0, str(status))
+        c.children += [Child(f"ps:{i} (127.0.0.1:{7000 + i})", _Proc(code)) for i, code in enumerate(ps_codes)]
+        return c
+
+    lost = RankExit(ExitReason.CLUSTER_FAULT, 200, "rank 1: lost ps:0 (127.0.0.1:7000) at step 37: Socket closed")
+    write(str(tmp_path / "lost"), RankStatus(1, 11, Phase.EXITED, step=37, exit=lost, updated_unix=1.0))
+    f = _failure(cluster(tmp_path / "lost", [-9, None]), 1, None)
+    assert f.cause == "ps:0 (127.0.0.1:7000) died (killed by SIGKILL)" and f.exit_code == -9 and f.job_code == 200
+    assert cluster(tmp_path / "lost", [-9]).last_step_seen() == 37
+    for r in (1, 0):  # rank 1 exits first
+        write(str(tmp_path / "stop"), RankStatus(r, 10 + r, Phase.EXITED, step=40, checkpoint=40, updated_unix=2.0 - r,
+                                                 exit=RankExit(ExitReason.PREEMPTED, 143, "saved", "SIGTERM")))
+    f = _failure(cluster(tmp_path / "stop", [None]), 1, None)
     assert f.cause == "worker rank 1 was stopped by SIGTERM and checkpointed" and f.exit_code == 143
-    assert _failure(_cluster([None], ["Process 0 exit with status code 0."]), 0, None) is None
+    assert _failure(cluster(tmp_path / "none", [None]), 0, None) is None
 
 
 def test_restart_backoff_doubles_up_to_its_cap():
@@ -139,14 +138,15 @@ def test_a_restart_record_is_completed_by_the_resumed_run():
 
 
 def test_exit_codes_say_what_a_kubeflow_exit_code_policy_retries():
-    from launch.k8s_render import RESTART_POLICY
-
-    def retried(code):  # Kubeflow's restartPolicy: ExitCode (training-operator docs)
-        return 128 <= code <= 255
+    """The renderer's policy and the table's retryable column, both the real code's."""
+    from gmeta_tf import exit_codes
+    from launch.k8s_render import RESTART_POLICY, policy_retries
 
     assert RESTART_POLICY == "ExitCode"
-    assert retried(EXIT_PREEMPTED) and retried(EXIT_CLUSTER_FAULT) and retried(137)
-    assert not retried(EXIT_USER_ERROR)
+    for code in (EXIT_PREEMPTED, EXIT_CLUSTER_FAULT, exit_codes.KILLED.code, -9):
+        assert policy_retries(code) and exit_codes.retryable(code), code
+    assert not policy_retries(EXIT_USER_ERROR) and not exit_codes.retryable(EXIT_USER_ERROR)
+    assert all(policy_retries(e.code) == e.retryable for e in exit_codes.TABLE if e.code)
 
 
 def test_launch_local_refuses_negative_restarts():

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 
 import click
 
@@ -28,23 +27,22 @@ def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume, w
         return
     cfg = train_config(config_path, overrides, data, algo, steps, ",".join(tfc.ps) if tfc.ps else None)
     os.environ.update(worker_env(tfc))
+    from gmeta_tf.train.rank_life import rank_life
+
     # The container's PID 1 gets no default SIGTERM action from the kernel: without a handler the
-    # kubelet's SIGTERM is dropped and the pod lingers until SIGKILL. Until training starts, exit
-    # as a killed process would; once it runs, the trainer's own handler takes over (every rank
-    # checkpoints at one agreed step, then exits 143: gmeta_tf/train/preemption.py). A lost PS
-    # exits EXIT_CLUSTER_FAULT (200): the rendered restartPolicy (ExitCode) retries both.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    rendezvous = start_rendezvous_if_rank0(tfc)
-    try:
-        # A restarted pod continues the job (a warm start only applies before its first checkpoint).
-        summary, rt = run_training(cfg, run_dir, resume=True, warm_start=warm_start)
-    finally:
-        if rendezvous is not None:
-            rendezvous.stop()
+    # kubelet's SIGTERM is dropped and the pod lingers until SIGKILL. rank_life's watch handles it
+    # from here, the rendezvous and start-up included: every rank checkpoints at the first step
+    # they agree on, then exits 143 (gmeta_tf/train/preemption.py), or exits 143 when the grace
+    # period runs out first. A lost PS exits CLUSTER_FAULT (200): the rendered restartPolicy
+    # (ExitCode) retries both (gmeta_tf/exit_codes.py).
+    with rank_life(cfg, run_dir, log=lambda m: click.echo(m)):
+        rendezvous = start_rendezvous_if_rank0(tfc)
+        try:
+            # A restarted pod continues the job (a warm start only applies before its first checkpoint).
+            summary, rt = run_training(cfg, run_dir, resume=True, warm_start=warm_start)
+        finally:
+            if rendezvous is not None:
+                rendezvous.stop()
     if rt is None or rt.rank == 0:
         click.echo(f"trained {cfg.meta.algo} to step {summary['steps']} over {summary['ranks']} worker(s); "
                    f"run directory {run_dir}")
-
-
-def _exit_on_sigterm(signum, _frame):
-    raise SystemExit(128 + signum)

@@ -37,8 +37,10 @@ def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, networ
           data, run_dir, algo, steps, resume, warm_start):
     """Run `gmeta train` as N workers with M PS on this host; every train option passes through.
 
-    SIGTERM or Ctrl-C makes every worker checkpoint at one agreed step and exit (143 / 130)
-    within train.preemption_grace_s; a second one stops everything at once."""
+    SIGTERM, Ctrl-C or SIGHUP makes every worker checkpoint at one agreed step and exit (143 / 130
+    / 129) within train.preemption_grace_s; a second one stops everything at once. A failed job
+    exits with its cause's code (gmeta_tf/exit_codes.py: a lost PS or worker 200, as `gmeta train`)."""
+    from gmeta_tf.exit_codes import signal_exit
     from launch.supervisor import LaunchStopped, RestartPolicy, launch_local
 
     cfg = train_config(config_path, overrides, data, algo, steps)  # fail fast on a bad config, here
@@ -54,9 +56,9 @@ def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, networ
     try:
         code = launch_local(workers, ps_count, argv, log=lambda m: click.echo(m), timeout_s=timeout_s,
                             restarts=RestartPolicy(max_restarts, backoff_s), grace_s=cfg.train.preemption_grace_s,
-                            network=network, network_faults=network_faults)
+                            network=network, network_faults=network_faults, run_dir=run_dir)
     except LaunchStopped as e:
-        sys.exit(128 + e.signum)
+        sys.exit(signal_exit(e.signum))
     if code:
         click.echo(f"[launch] run directory {run_dir}: re-run the same command to resume from its checkpoint")
         sys.exit(code)

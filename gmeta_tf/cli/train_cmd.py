@@ -38,12 +38,16 @@ def train_config(config_path, overrides, data, algo, steps, ps=None):
 
 
 def run_training(cfg, run_dir, resume, warm_start=None):
-    """Embedded (one process, local tables) or worker mode (Horovod rank + PS), same ``train``."""
+    """Embedded (one process, local tables) or worker mode (Horovod rank + PS), same ``train``.
+    The rank's status record and stop handling start before Horovod and the PS connections
+    (``train/rank_life.py``): a stop during start-up is acted on at the first step."""
     from gmeta_tf.cluster.worker import is_distributed, worker_runtime
+    from gmeta_tf.train.rank_life import rank_life
     from gmeta_tf.train.trainer import train as run_train
 
-    rt = worker_runtime(cfg, log=lambda m: click.echo(m)) if is_distributed(cfg) else None
-    return run_train(cfg, run_dir, rt, resume=resume, warm_start=warm_start), rt
+    with rank_life(cfg, run_dir, log=lambda m: click.echo(m)):
+        rt = worker_runtime(cfg, log=lambda m: click.echo(m)) if is_distributed(cfg) else None
+        return run_train(cfg, run_dir, rt, resume=resume, warm_start=warm_start), rt
 
 
 @click.command()

@@ -20,8 +20,9 @@ RESTARTS_ENV = "GMETA_RESTARTS"
 
 @dataclass
 class Restart:
-    """One restart. ``failed_at_step`` is the last step the launcher saw logged or named in the
-    failure (a lower bound: steps are logged every ``train.log_every``)."""
+    """One restart. ``failed_at_step`` is the newest step the ranks' status records reported
+    (``rank_status.py``: written at each logged step, each checkpoint and at a rank's exit, so a
+    lower bound only for a rank killed between two logged steps)."""
 
     attempt: int
     cause: str

@@ -35,8 +35,10 @@ from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.failures import is_peer_failure, step_failure_error
 from gmeta_tf.train.fault_pause import freeze, pause_point
 from gmeta_tf.train.model_build import CONFIG_FILE, build_model
-from gmeta_tf.train.preemption import PreemptionWatch
+from gmeta_tf.train.preemption import PreemptionWatch, stopping
 from gmeta_tf.train.progress import Window, log_window, previous_history
+from gmeta_tf.train.rank_life import rank_life
+from gmeta_tf.train.rank_status import Phase
 from gmeta_tf.train.restarts import complete, describe, from_env
 from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
 from gmeta_tf.train.run_summary import RunResult, write_summary
@@ -108,13 +110,15 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     warm = resolve(warm_start) if warm_start else None
     if warm is not None:  # every rank refuses alike, before anything is built or written
         check_compatible(warm, cfg, schema)
-    # From here a SIGTERM / SIGINT asks for a checkpoint at the next agreed step (preemption.py).
-    with PreemptionWatch(cfg.train.preemption_grace_s, rt.log, rt.rank) as watch:
+    # From here a stop signal asks for a checkpoint at the next agreed step (preemption.py); the
+    # CLI entered rank_life before Horovod started, an in-process caller gets one here.
+    with rank_life(cfg, run_dir, rt.log, rt.rank) as watch:
         built = build_tables_once(cfg, schema, rt, run_dir)
         built.ckpt.log = rt.log
         start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume, warm)
         tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
         _share_start_state(rt, built)
+        watch.status.update(phase=Phase.TRAINING, start_step=start, step=start, checkpoint=start or None)
         run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation, watch)
         return write_summary(cfg, rt, run_dir, built.model, tracker, run)
 
@@ -209,14 +213,15 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
         for step in range(start + 1, end + 1):
             # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
             batch, upcoming = upcoming, (next(it) if step < end else None)
-            built.step_fn.vote_stop(watch.requested)
+            built.step_fn.vote_stop(watch.poll())
             loss, preempted = _train_step(rt, built, step, batch, upcoming)
+            last = step == cfg.train.steps
+            watch.status.update(step=step, write_now=step % cfg.train.log_every == 0 or last)
             if cfg.model.max_rows:
                 _evict(built, rt, cfg.model.max_rows)
             window.add(loss)
             if step == start + 1 and restarts:
                 rt.log(describe(complete(restarts, start)))
-            last = step == cfg.train.steps
             if step % cfg.train.log_every == 0 or last:
                 log_window(cfg, rt, window, step, history, writer)
             improved = False
@@ -226,8 +231,11 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
             if improved or stopped or preempted or step % cfg.train.checkpoint_every == 0 or last:
                 meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
                         "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
+                if preempted:
+                    stopping(watch)
                 t0 = time.perf_counter()
                 path = _save_checkpoint(built, rt, step, meta, checkpoint_files(cfg))
+                watch.status.update(checkpoint=step)
                 if improved and rt.rank == 0:
                     built.ckpt.mark_best(path, tracker.summary())
                 if preempted and not last:
@@ -268,7 +276,7 @@ def _preempted(rt: Runtime, watch: PreemptionWatch, step: int, path: Optional[st
     where = f" ({path})" if path else ""
     return Preempted(f"rank {rt.rank}: preempted ({asked}): every rank checkpointed step {step}{where} "
                      f"in {save_s:.2f} s; "
-                     f"re-run with the same --out to resume there, nothing to redo", step, watch.exit_signal())
+                     f"re-run with the same --out to resume there, nothing to redo", step, watch.exit_signal(), save_s)
 
 
 def _save_checkpoint(built: Built, rt: Runtime, step: int, meta: dict, files: Dict[str, str]) -> Optional[str]:

@@ -15,9 +15,11 @@ classic-BPF ``cls_bpf`` filter in direct-action mode on a ``clsact`` qdisc (``ld
 when below p * 2^32): this kernel has neither netem nor the gact action, and this needs no
 iptables.
 
-Names carry the owner's pid and a per-network id, so ``sweep_stale`` can remove what a launcher
-killed with SIGKILL left behind, and a ``watchdog`` process (on by default) removes it within a
-second of that kill without waiting for the next launch.
+Names carry the owner's pid and a per-network id (``gm-<pid>-<id>-``, the network's prefix), and
+the owner holds a lock on that prefix for the network's life (``cleanup.OwnerLock``). So
+``sweep_stale`` can remove what a launcher killed with SIGKILL left behind, and only that: a
+network whose lock is free. A ``watchdog`` process (on by default) removes it within a second of
+that kill without waiting for the next launch. Every removal goes through ``cleanup.py``.
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from gmeta_tf.errors import NetworkEmulationError
-from gmeta_tf.process import pid_alive
-from launch.network import watchdog
+from launch.network import cleanup, watchdog
+from launch.network.cleanup import ETC_NETNS, list_namespaces
 from launch.network.profile import LinkProfile, format_rate
 
 PREFIX = "gm"
@@ -45,12 +47,10 @@ SUBNET_PREFIX = "10.77"  # RFC 1918; lives only inside namespaces this module cr
 SUBNET_BITS = 16
 HOST_IFACE = "eth0"  # what a pod calls its interface (GMETA_GLOO_IFACE's default)
 _BRIDGE_NS_SUFFIX = "0br"  # host names start with a letter, so this never collides
-_HOST_NAME = re.compile(r"^[a-z][a-z0-9]{0,15}$")
-_NS_NAME = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]+)-([a-z0-9]+)$")
+_HOST_NAME = re.compile(r"^[a-z][a-z0-9]{0,15}$")  # validates a host name the caller gives
 _CAP_NET_ADMIN = 12
 _MIN_BURST = 256 * 1024  # above veth's 64 KiB GSO packets, with room for two
 _CMD_TIMEOUT_S = 30.0
-ETC_NETNS = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*
 
 
 def run_cmd(argv: Sequence[str]) -> str:
@@ -89,38 +89,19 @@ def require_privilege() -> None:
         raise NetworkEmulationError(problem)
 
 
-def list_namespaces() -> List[str]:
-    out = run_cmd(["ip", "netns", "list"])
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
 def sweep_stale(log=lambda msg: None) -> List[str]:
-    """Delete every ``gm-<pid>-...`` namespace whose owner pid is dead (a launcher killed with
-    SIGKILL whose watchdog was killed too). Returns the names removed. Assumes one pid namespace
-    shares /run/netns (a pid this process cannot see is taken as dead)."""
+    """Delete every ``gm-...`` network whose owner is provably gone: its owner lock is free (a
+    launcher killed with SIGKILL whose watchdog was killed too). A network whose lock is held
+    stays, whether or not its owner's pid is visible here (another pid namespace sharing
+    /run/netns), and so does one without a lock file. Returns the names removed."""
+    prefixes = {cleanup.prefix_of(n) for n in cleanup.list_namespaces()}
+    prefixes |= {cleanup.prefix_of(n) for n in (os.listdir(ETC_NETNS) if os.path.isdir(ETC_NETNS) else [])}
     removed = []
-    for name in list_namespaces():
-        m = _NS_NAME.match(name)
-        if m and not pid_alive(int(m.group(1))):
-            watchdog.kill_inside([name], grace_s=2.0)
-            _delete_ns(name)
-            removed.append(name)
-    for name in os.listdir(ETC_NETNS) if os.path.isdir(ETC_NETNS) else []:
-        m = _NS_NAME.match(name)  # a hosts file whose namespace is already gone
-        if m and not pid_alive(int(m.group(1))):
-            shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
+    for prefix in sorted(p for p in prefixes if p):
+        removed += cleanup.remove_owned(prefix, grace_s=2.0)
     if removed:
         log(f"[network] removed {len(removed)} stale namespace(s) of dead launchers: {', '.join(removed)}")
     return removed
-
-
-def _delete_ns(name: str) -> None:
-    try:
-        run_cmd(["ip", "netns", "del", name])
-    except NetworkEmulationError:
-        if name in list_namespaces():
-            raise
-    shutil.rmtree(os.path.join(ETC_NETNS, name), ignore_errors=True)
 
 
 def _tbf_args(rate_bit_s: int) -> List[str]:
@@ -181,6 +162,7 @@ class EmulatedNetwork:
         self._created: List[str] = []
         self._cuts: List[threading.Thread] = []
         self._closed = False
+        self._lock: Optional[cleanup.OwnerLock] = None
 
     # -- what callers use ---------------------------------------------------------------------
     def namespace(self, host: str) -> str:
@@ -204,6 +186,7 @@ class EmulatedNetwork:
     def __enter__(self) -> "EmulatedNetwork":
         require_privilege()
         try:
+            self._lock = cleanup.OwnerLock.hold(self.prefix)  # before the first namespace exists
             if self._watchdog_wanted:
                 self._watchdog = watchdog.start(self.owner_pid, self.prefix)
             self._build()
@@ -225,16 +208,15 @@ class EmulatedNetwork:
         for t in self._cuts:
             t.join(timeout=0)  # daemon threads; their `ip` calls fail harmlessly once gone
         # whatever the caller did not stop would be left running, cut off, in a deleted namespace
-        left = watchdog.kill_inside([ns for ns in self._created if ns in list_namespaces()], grace_s=2.0)
+        alive = [ns for ns in self._created if ns in list_namespaces()]
+        left = cleanup.kill_inside(alive, grace_s=2.0)
         if left:
             self.log(f"[network] stopped {len(left)} process(es) still on the emulated hosts: {left}")
-        errors = []
-        for ns in reversed(self._created):
-            try:
-                _delete_ns(ns)
-            except NetworkEmulationError as e:
-                errors.append(str(e))
+        errors = cleanup.delete_namespaces(list(reversed(self._created)), grace_s=2.0)
         self._created.clear()
+        if self._lock is not None:
+            self._lock.release(keep_file=bool(errors))
+            self._lock = None
         if self._watchdog is not None:
             watchdog.stop(self._watchdog)
             self._watchdog = None

@@ -169,6 +169,19 @@ def _pending(pid, sig) -> bool:
     return any(m & bit for m in masks)
 
 
+def _resume_once_stop_requested(pid, timeout=60):
+    """Let the frozen rank ``pid`` go on once its launcher has written the stop request it reads
+    before each step's vote (``GMETA_STOP_FILE`` in its environment; issue 42: the launcher
+    no longer signals ranks): it then stops right after the step it froze at."""
+    from gmeta_tf.train.rank_status import STOP_FILE_ENV
+
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
+    stop_file = Path(env[STOP_FILE_ENV.encode()].decode())
+    _wait_for(stop_file.exists, timeout, f"the launcher's stop request {stop_file}")
+    os.kill(pid, signal.SIGCONT)
+
+
 def _resume_once_pending(pid, sig, timeout=60):
     """Let the frozen ``pid`` go on once ``sig`` (sent by the test or forwarded by the launcher)
     waits for it: it then takes the signal right after the step it froze at."""

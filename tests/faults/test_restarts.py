@@ -35,6 +35,7 @@ from fault_helpers import (
     _output,
     _rank_pids,
     _resume_once_pending,
+    _resume_once_stop_requested,
     _sets,
     _spawn,
     _wait_for,
@@ -94,7 +95,9 @@ def test_sigterm_to_the_embedded_trainer_saves_the_step_it_reached(tiny_data, tm
     code, out = _finish(proc, timeout=60)
     assert code == EXIT_PREEMPTED, out[-3000:]  # SIGTERM's own code, as a platform expects
     steps = _complete_steps(run)
-    assert steps == [11], (steps, out[-3000:])  # the very next step: its all-reduce carried the vote
+    # the next step's vote, or the one after: the handler only records the signal and the rank's
+    # watcher thread raises the vote (issue 42), which can miss step 11's vote by a step
+    assert len(steps) == 1 and steps[0] in (11, 12), (steps, out[-3000:])
     code, out = _finish(_spawn(argv), timeout=300)
     assert code == 0 and f"at step {steps[0]}" in out, out[-3000:]
     straight = train(load_config(None, [f"data.path={tiny_data}", f"train.steps={STEPS}", *TINY_SETS]),
@@ -112,7 +115,7 @@ def test_sigterm_to_the_launcher_checkpoints_every_step_and_resumes_exactly(tiny
     rank0 = _wait_frozen(lambda: _rank_pids(no_orphans, 0), proc, what="rank 0 to freeze after step 10")
     sent = time.monotonic()
     os.kill(proc.pid, signal.SIGTERM)  # the launcher alone, as a platform would
-    _resume_once_pending(rank0, signal.SIGTERM)  # once the launcher has passed it on
+    _resume_once_stop_requested(rank0)  # once the launcher has written the stop request
     code, out = _finish(proc, timeout=120)
     took = time.monotonic() - sent
     assert code == EXIT_PREEMPTED, out[-3000:]

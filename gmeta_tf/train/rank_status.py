@@ -1,0 +1,237 @@
+"""Each rank's state as data: one small JSON record per rank, and the launcher's stop file.
+
+Why records and not log lines: the launcher used to learn a rank's step, its exit code and
+whether it checkpointed by matching the text the trainer and ``horovodrun`` print, so changing a
+log line changed what the launcher reported, and a rank that exited 143 after its grace period
+ran out was reported as "checkpointed". Now each rank writes what it is doing (``phase``, the
+last step it completed, the last complete checkpoint it saw) and, on its way out, a typed
+``RankExit`` (reason, code, message), the way ``torchrun`` has each rank write an error file.
+What a rank cannot write (killed by a signal) its parent writes from the exit status it reaps:
+``launch/rank_agent.py`` under ``horovodrun``, the launcher itself for ranks it starts.
+
+Layout, in the directory ``GMETA_STATUS_DIR`` names (default ``<run dir>/status`` for a local run
+directory: ``train/rank_life.py``)::
+
+    rank0.json, rank1.json ...   one ``RankStatus`` each, replaced whole (``atomic_file``)
+    stop                         the launcher's stop request (``StopRequest``): a rank checks it
+                                 when it starts and at every step's vote, so a stop that arrives
+                                 before a rank runs is not lost
+
+Standard library only: ``launch/rank_agent.py`` imports it in a process that must start fast.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from enum import Enum
+from typing import Dict, Optional
+
+from gmeta_tf import exit_codes
+from gmeta_tf.atomic_file import replace_file
+
+STATUS_DIR_ENV = "GMETA_STATUS_DIR"  # where this rank writes its record (set by the launcher)
+STOP_FILE_ENV = "GMETA_STOP_FILE"  # the stop file this rank obeys (only a launcher sets one)
+STATUS_DIR = "status"  # under a local run directory when no launcher says otherwise
+STOP_FILE = "stop"
+
+
+class Phase(str, Enum):
+    STARTING = "starting"  # process up, the cluster and tables not yet (Horovod, PS, restore)
+    TRAINING = "training"
+    STOPPING = "stopping"  # asked to stop: checkpointing the agreed step
+    EXITED = "exited"
+
+
+class ExitReason(str, Enum):
+    DONE = "done"
+    PREEMPTED = "preempted"  # every rank checkpointed the agreed step (``checkpoint``), then exited
+    GRACE_EXPIRED = "grace_expired"  # asked to stop, no checkpoint within the grace period
+    SECOND_SIGNAL = "second_signal"  # asked twice: exited at once, no checkpoint
+    CLUSTER_FAULT = "cluster_fault"  # a lost PS or peer (``ClusterFaultError``)
+    USER_ERROR = "user_error"  # a ``UserError``: config, data, address
+    CRASHED = "crashed"  # an unexpected exception (a bug)
+    KILLED = "killed"  # by a signal, written by the rank's parent
+    EXITED = "exited"  # exited with ``code`` without a record of its own, written by the parent
+
+
+# Stopped on request: the launcher says "stopped", not "failed", and says whether it checkpointed.
+STOPPED_REASONS = (ExitReason.PREEMPTED, ExitReason.GRACE_EXPIRED, ExitReason.SECOND_SIGNAL)
+
+
+@dataclass(frozen=True)
+class RankExit:
+    reason: ExitReason
+    code: int  # the process's exit code, in the shell's form (``exit_codes.normalized``)
+    message: str
+    signal: Optional[str] = None  # the stop signal, or the one that killed it
+    checkpoint_s: Optional[float] = None  # PREEMPTED: seconds the agreed step's save took
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.reason is ExitReason.PREEMPTED
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    rank: int
+    pid: int
+    phase: Phase
+    step: int = 0  # the last step this rank completed
+    start_step: Optional[int] = None  # the step training started after (a resume's checkpoint)
+    checkpoint: Optional[int] = None  # the newest complete checkpoint this rank saw saved
+    stop_signal: Optional[str] = None  # set once the rank was asked to stop
+    exit: Optional[RankExit] = None
+    updated_unix: float = 0.0
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["phase"] = self.phase.value
+        if self.exit is not None:
+            d["exit"]["reason"] = self.exit.reason.value
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RankStatus":
+        d = json.loads(text)
+        d["phase"] = Phase(d["phase"])
+        if d.get("exit") is not None:
+            d["exit"] = RankExit(**{**d["exit"], "reason": ExitReason(d["exit"]["reason"])})
+        return cls(**d)
+
+
+def status_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.json")
+
+
+def write(directory: str, status: RankStatus) -> None:
+    os.makedirs(directory, exist_ok=True)
+    replace_file(status_path(directory, status.rank), status.to_json())
+
+
+def read(directory: str, rank: int) -> Optional[RankStatus]:
+    try:
+        with open(status_path(directory, rank)) as f:
+            return RankStatus.from_json(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError):  # written by another version: not ours to read
+        return None
+
+
+def read_all(directory: Optional[str]) -> Dict[int, RankStatus]:
+    """Every rank's record in ``directory``, by rank."""
+    if not directory or not os.path.isdir(directory):
+        return {}
+    out = {}
+    for name in os.listdir(directory):
+        if name.startswith("rank") and name.endswith(".json") and name[4:-5].isdigit():
+            status = read(directory, int(name[4:-5]))
+            if status is not None:
+                out[status.rank] = status
+    return out
+
+
+def clear(directory: str) -> None:
+    """Remove the records and the stop file of an earlier cluster (the launcher, before it
+    starts the ranks of a new one)."""
+    if not os.path.isdir(directory):
+        return
+    for name in os.listdir(directory):
+        if name == STOP_FILE or (name.startswith("rank") and name.endswith(".json")):
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+def exit_from_code(code: int) -> RankExit:
+    """What a parent knows of a rank that exited without a record of its own: its code."""
+    sig = exit_codes.signal_of(code)
+    if sig:
+        return RankExit(ExitReason.KILLED, exit_codes.normalized(code), exit_codes.describe(code),
+                        signal=exit_codes.signal_name(sig))
+    return RankExit(ExitReason.EXITED, code, exit_codes.describe(code))
+
+
+def record_exit(directory: str, rank: int, pid: int, code: int) -> RankStatus:
+    """The parent's side, once it has reaped the rank: keep the rank's own exit when it matches
+    the code the process really ended with, else write the one the code tells (a rank killed
+    after its record said "done" died all the same)."""
+    old = read(directory, rank)
+    if old is not None and old.exit is not None and old.exit.code == exit_codes.normalized(code):
+        return old
+    base = old or RankStatus(rank=rank, pid=pid, phase=Phase.STARTING)
+    new = replace(base, phase=Phase.EXITED, exit=exit_from_code(code), updated_unix=time.time())
+    write(directory, new)
+    return new
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """The launcher's stop request: the signal it was sent and when."""
+
+    signal: int
+    at_unix: float
+
+    @classmethod
+    def read(cls, path: str) -> Optional["StopRequest"]:
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            return cls(int(d["signal"]), float(d["at_unix"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def write(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        replace_file(path, json.dumps(asdict(self)))
+
+
+@dataclass
+class StatusWriter:
+    """One rank's record, kept in memory and written whole when it changes in a way a reader
+    acts on (a phase, a checkpoint, an exit, each logged step). ``directory`` None writes
+    nothing (a run directory on an object store, an in-process caller without one). Several
+    threads write (the preemption watch writes an exit from its own): a lock keeps each whole."""
+
+    directory: Optional[str]
+    rank: int = 0
+    status: RankStatus = field(init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self):
+        self.status = RankStatus(rank=self.rank, pid=os.getpid(), phase=Phase.STARTING, updated_unix=time.time())
+
+    def update(self, write_now: bool = True, **fields) -> None:
+        with self._lock:
+            if self.status.exit is not None:
+                return  # an exit is the last word
+            self.status = replace(self.status, **fields, updated_unix=time.time())
+            if write_now:
+                self._write()
+
+    def exited(self, reason: ExitReason, code: int, message: str, *, signal: Optional[str] = None,
+               checkpoint_s: Optional[float] = None, checkpoint: Optional[int] = None) -> None:
+        with self._lock:
+            if self.status.exit is not None:
+                return
+            fields = {} if checkpoint is None else {"checkpoint": checkpoint}
+            self.status = replace(self.status, **fields, phase=Phase.EXITED, updated_unix=time.time(),
+                                  exit=RankExit(reason, exit_codes.normalized(code), message[:2000], signal,
+                                                checkpoint_s))
+            self._write()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._write()
+
+    def _write(self) -> None:
+        if self.directory is None:
+            return
+        try:
+            write(self.directory, self.status)
+        except OSError:
+            pass  # a full disk must not turn a step into a failure; the launcher falls back on exit codes
