@@ -186,3 +186,23 @@ def test_the_rank_agent_writes_the_exit_of_a_rank_killed_by_a_signal(tmp_path):
     got = rank_status.read(str(tmp_path), 1)
     assert (got.exit.reason, got.exit.code, got.exit.signal) == (ExitReason.KILLED, 137, "SIGKILL")
     assert b"train" not in " ".join(agent_argv()).encode()  # a rank is found by its command line alone
+
+
+def test_a_bad_input_leaves_no_run_directory_behind_but_a_run_that_wrote_keeps_its_record(tmp_path, monkeypatch):
+    """A command refused for bad input leaves the run directory as it found it (the record was the
+    only thing it wrote); a run that wrote anything else keeps the record of why it ended."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.errors import DataError
+    from gmeta_tf.train.rank_life import rank_life
+
+    monkeypatch.delenv("GMETA_STATUS_DIR", raising=False)
+    cfg = load_config("configs/quickstart.yaml")
+    with pytest.raises(DataError):
+        with rank_life(cfg, str(tmp_path / "new" / "run"), log=lambda m: None):
+            raise DataError("bad rows")
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(DataError):
+        with rank_life(cfg, str(tmp_path / "wrote"), log=lambda m: None):
+            (tmp_path / "wrote" / "config.yaml").write_text("x")
+            raise DataError("bad rows")
+    assert (tmp_path / "wrote" / "status" / "rank0.json").exists()

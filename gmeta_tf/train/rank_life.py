@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from gmeta_tf import exit_codes, storage
 from gmeta_tf.config.schema import Config, ConfigError
@@ -31,6 +31,7 @@ from gmeta_tf.train.rank_status import (
     ExitReason,
     RankExit,
     StatusWriter,
+    status_path,
 )
 
 
@@ -68,6 +69,38 @@ def exit_of(e: BaseException) -> Tuple[RankExit, Optional[int]]:
     return RankExit(ExitReason.CRASHED, exit_codes.FAILED.code, f"{type(e).__name__}: {message}"), None
 
 
+def _dirs_to_make(directory: Optional[str], run_dir: str) -> List[str]:
+    """The directories, innermost first, that this rank's record creates in a local run directory
+    (none when the launcher named the status directory: the record is the launcher's to keep)."""
+    if directory is None or os.environ.get(STATUS_DIR_ENV) or not storage.is_local(run_dir):
+        return []
+    made, d = [], os.path.abspath(directory)
+    while not os.path.exists(d):
+        made.append(d)
+        d = os.path.dirname(d)
+    return made
+
+
+def _unmake(made: List[str], record: str) -> None:
+    """A command refused for bad input leaves the run directory as it found it: when the record
+    is all it wrote there, the record goes and so do the directories it made (``os.rmdir``: only
+    empty ones, so nothing another writer put there is touched)."""
+    if not made:
+        return
+    for root, dirs, files in os.walk(made[-1]):
+        if [os.path.join(root, f) for f in files] not in ([], [record]):
+            return
+    try:
+        os.remove(record)
+    except OSError:
+        return
+    for d in made:
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
+
+
 @contextmanager
 def rank_life(cfg: Config, run_dir: str, log: Callable[[str], None] = print,
               rank: Optional[int] = None) -> Iterator[PreemptionWatch]:
@@ -78,7 +111,9 @@ def rank_life(cfg: Config, run_dir: str, log: Callable[[str], None] = print,
         yield outer
         return
     rank = env_rank() if rank is None else rank
-    status = StatusWriter(status_dir(str(run_dir)), rank)
+    directory = status_dir(str(run_dir))
+    made = _dirs_to_make(directory, str(run_dir))
+    status = StatusWriter(directory, rank)
     status.flush()  # "starting": the launcher knows this rank's process is up
     with PreemptionWatch(cfg.train.preemption_grace_s, log, rank, os.environ.get(STOP_FILE_ENV) or None,
                          status) as watch:
@@ -88,5 +123,7 @@ def rank_life(cfg: Config, run_dir: str, log: Callable[[str], None] = print,
             record, checkpoint = exit_of(e)
             status.exited(record.reason, record.code, record.message, signal=record.signal,
                           checkpoint_s=record.checkpoint_s, checkpoint=checkpoint)
+            if record.reason is ExitReason.USER_ERROR:
+                _unmake(made, status_path(directory, rank))
             raise
         status.exited(ExitReason.DONE, exit_codes.DONE.code, f"trained to step {status.status.step}")
