@@ -75,3 +75,20 @@ def test_jit_compile_key():
         assert not jit_enabled(load_config("configs/quickstart.yaml", sets).meta), sets
     with pytest.raises(ConfigError, match="meta.jit_compile"):
         load_config("configs/quickstart.yaml", ["meta.jit_compile=xla"])
+
+
+def test_the_step_is_traced_without_autograph():
+    """The step's code has no tensor-dependent Python control flow, so autograph has nothing to
+    convert in it; but with autograph on, ``tf.function`` rewrote the AST of every function the
+    step calls, Keras' and TFRA's included (~300 of them): two thirds of a rank's start-up
+    (docs/startup.md, "Autograph"). Every compiled function of the step is traced as written."""
+    schema = tiny_schema("click")
+    batch = random_batch(schema, T=T, seed=11)
+    model = _model(schema, batch)
+    dense_opt, emb_opt = make_optimizers(TrainConfig())
+    step = TrainStep(model, MetaConfig(algo="maml", adapt="dense"), dense_opt, emb_opt, LocalSync())
+    compiled = [f for f in (step._compiled, getattr(step, "_compiled_ahead", None), getattr(step, "_prime", None)) if f]
+    assert compiled and all(f._autograph is False for f in compiled)
+    from gmeta_tf.config.schema import Config
+    from gmeta_tf.evaluation.evaluate import _prediction_fn
+    assert _prediction_fn(model, Config(), 1, 0.1)._autograph is False

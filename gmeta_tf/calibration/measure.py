@@ -91,7 +91,7 @@ def _step_fn(emb):
     spec = [tf.TensorSpec([None], tf.int64) for _ in emb.tables]
     rows = emb.trainable()
 
-    @tf.function(input_signature=[spec])
+    @tf.function(input_signature=[spec], autograph=False)
     def step(ids_list):
         with tf.GradientTape() as tape:
             looked = together(emb.tables, [[ids] for ids in ids_list], True, emb.requests)

@@ -111,7 +111,8 @@ def _prediction_fn(model: AdaptableModel, cfg: Config, steps: int, lr: float):
     if key not in cache:
         frozen, ref = copy.deepcopy(cfg), weakref.ref(model)
         cache[key] = tf.function(lambda b: query_predictions(ref(), frozen, b, steps=steps, lr=lr,
-                                                             adapt_set=frozen.meta.adapt))
+                                                             adapt_set=frozen.meta.adapt),
+                                 autograph=False)
     return cache[key]
 
 

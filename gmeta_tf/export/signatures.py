@@ -184,14 +184,14 @@ def make_signatures(model: FrozenModel, cfg: Config) -> Dict[str, tf.types.exper
     def scores(batch: dict, k: int):
         return query_predictions(model, cfg, batch, steps=k, lr=lr, adapt_set=cfg.meta.adapt)
 
-    @tf.function(input_signature=[{x.name: x.spec() for x in predict_in}])
+    @tf.function(input_signature=[{x.name: x.spec() for x in predict_in}], autograph=False)
     def predict(features):
         batch = {"task_mask": tf.ones([1]), "support": _no_samples(model),
                  "query": _samples(model, predict_in, features)}
         before, _ = scores(batch, 0)
         return {"score": before[0]}
 
-    @tf.function(input_signature=[{x.name: x.spec() for x in adapt_in}])
+    @tf.function(input_signature=[{x.name: x.spec() for x in adapt_in}], autograph=False)
     def adapt_and_predict(features):
         batch = {"task_mask": tf.ones([1]),
                  "support": _samples(model, support_in, features, labels=features["support_label"]),

@@ -86,11 +86,11 @@ class TrainStep:
         step.__name__ = f"gmeta_train_step_{tag}"
         step_ahead.__name__ = f"gmeta_train_step_ahead_{tag}"
         prime.__name__ = f"gmeta_prefetch_prime_{tag}"
-        self._compiled = tf.function(step, reduce_retracing=True)
+        self._compiled = tf.function(step, reduce_retracing=True, autograph=False)
         self.prefetching = bool(self.cold_vars)
         if self.prefetching:
-            self._compiled_ahead = tf.function(step_ahead, reduce_retracing=True)
-            self._prime = tf.function(prime, reduce_retracing=True)
+            self._compiled_ahead = tf.function(step_ahead, reduce_retracing=True, autograph=False)
+            self._prime = tf.function(prime, reduce_retracing=True, autograph=False)
         self._primed = False
 
     def step(self, batch: dict, next_batch: Optional[dict] = None) -> Dict[str, tf.Tensor]:
