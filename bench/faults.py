@@ -8,6 +8,12 @@ Two real ``gmeta launch local`` jobs on the quickstart config, each hit once:
   (``ps_kill_recovery_s``: stopping the old cluster, the back-off, a new PS and ranks, the
   tables refilled from the checkpoint) and the steps it redid (``ps_kill_steps_redone`` <=
   ``checkpoint_every``).
+* **Worker kill**: the same, with rank 1 killed (SIGKILL) ten steps after the checkpoint at step
+  50: ``worker_kill_recovery_s`` and ``worker_kill_steps_redone``.
+* Each restart's **timeline** (``*_timeline_s``): seconds after the failure at which the old
+  workers exited, the cluster was torn down, the new one started, its PS answered, rank 0's
+  process started, joined the cluster, restored the checkpoint and completed its first step
+  (``gmeta_tf/train/restarts.py``), so the recovery's time is seen by phase.
 * **Preemption**: SIGTERM to the launcher at about step 60 with no periodic checkpoint due; every
   rank checkpoints the agreed step and exits. ``preempt_checkpoint_s`` is that save (rank 0's
   report), ``preempt_exit_s`` the signal-to-exit time of the whole job, and the resumed job's
@@ -89,19 +95,30 @@ def _ps_pids(launcher_pid: int) -> List[int]:
             if "ps" in p.cmdline() and "serve" in p.cmdline()]
 
 
-def measure_ps_kill(data: str, work: Path) -> Dict:
-    run = work / "ps_kill"
+def _measure_kill(data: str, work: Path, name: str, victim: Callable[["_Job"], int]) -> Dict:
+    """Kill ``victim(job)`` with SIGKILL ten steps after the checkpoint at ``CHECKPOINT_EVERY``;
+    the restarted job's record of its recovery, under ``<name>_*`` keys."""
+    run = work / name
     job = _Job(_argv(data, run, "--no-resume", "--max-restarts", "1", "--set",
-                     f"train.checkpoint_every={CHECKPOINT_EVERY}"), work / "ps_kill.log", run)
+                     f"train.checkpoint_every={CHECKPOINT_EVERY}"), work / f"{name}.log", run)
     job.wait_step(CHECKPOINT_EVERY + 10)
-    os.kill(_ps_pids(job.proc.pid)[0], 9)
+    os.kill(victim(job), 9)
     code = job.finish()
     if code != 0:
         raise RuntimeError(f"bench faults: the restarted job failed ({code}); log {job.log_path}")
     (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
-    return {"ps_kill_recovery_s": restart["recovery_s"], "ps_kill_steps_redone": restart["steps_redone"],
-            "ps_kill_failed_at_step": restart["failed_at_step"], "ps_kill_resumed_from_step": restart["resumed_from_step"],
+    return {f"{name}_recovery_s": restart["recovery_s"], f"{name}_steps_redone": restart["steps_redone"],
+            f"{name}_failed_at_step": restart["failed_at_step"],
+            f"{name}_resumed_from_step": restart["resumed_from_step"], f"{name}_timeline_s": restart["timeline_s"],
             "checkpoint_every": CHECKPOINT_EVERY}
+
+
+def measure_ps_kill(data: str, work: Path) -> Dict:
+    return _measure_kill(data, work, "ps_kill", lambda job: _ps_pids(job.proc.pid)[0])
+
+
+def measure_worker_kill(data: str, work: Path) -> Dict:
+    return _measure_kill(data, work, "worker_kill", lambda job: job.ranks()[1].pid)
 
 
 def measure_preemption(data: str, work: Path) -> Dict:
@@ -127,4 +144,4 @@ def measure_preemption(data: str, work: Path) -> Dict:
 
 def measure(data: str, work: Path) -> Dict:
     work.mkdir(parents=True, exist_ok=True)
-    return {**measure_ps_kill(data, work), **measure_preemption(data, work)}
+    return {**measure_worker_kill(data, work), **measure_ps_kill(data, work), **measure_preemption(data, work)}

@@ -39,7 +39,7 @@ from gmeta_tf import exit_codes
 from gmeta_tf.errors import ClusterError, JobFailed
 from gmeta_tf.stop_signals import StopSignals
 from gmeta_tf.train.rank_status import STATUS_DIR, ExitReason, RankExit, RankStatus
-from gmeta_tf.train.restarts import RESTARTS_ENV, Restart, encode
+from gmeta_tf.train.restarts import RESTARTS_ENV, Restart, encode, mark
 from launch.local_cluster import LaunchStopped, LocalCluster
 from launch.network.faults import parse_fault
 from launch.network.profile import format_rate, parse_profile
@@ -243,15 +243,20 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
     with StopSignals() as signals:
         try:
             while True:
+                mark(history, "relaunched")
                 cluster = make_cluster({RESTARTS_ENV: encode(history)} if history else None)
                 cluster.watch_stops(signals, grace_s, status_dir)
                 try:
                     if ps:
                         cluster.start_ps(ps, ps_ready_timeout_s)
+                        if history:
+                            mark(history, "ps_ready")
+                            cluster.env[RESTARTS_ENV] = encode(history)
                     if signals.received:  # no rank started yet: nothing to checkpoint
                         raise LaunchStopped(signals.first)
                     left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
                     code = cluster.train(workers, _with_resume(train_argv) if history else train_argv, left)
+                    exited = time.time()
                     failure = _failure(cluster, code, timeout_s)
                     step = cluster.last_step_seen()
                     outcome = _stop_outcome(cluster, workers) if signals.received else ""
@@ -268,7 +273,9 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
                 attempt = len(history) + 1
                 wait = restarts.backoff(attempt)
                 history.append(Restart(attempt, failure.cause, failure.exit_code, step,
-                                       failure.failed_at or time.time()))
+                                       failure.failed_at or exited))
+                mark(history, "workers_exited", exited)
+                mark(history, "cluster_stopped")
                 log(f"[launch] restart {attempt}/{restarts.max_restarts}: {failure.cause}"
                     + (f" (exit code {failure.exit_code})" if failure.exit_code is not None else "")
                     + (f" at step {step}" if step is not None else "")

@@ -133,8 +133,27 @@ def test_a_restart_record_is_completed_by_the_resumed_run():
     last = restarts.complete(got, start=20, now=106.5)
     assert (last.resumed_from_step, last.steps_redone, last.recovery_s) == (20, 7, 6.5)
     assert restarts.describe(last) == ("restart 1: resumed at step 20 after ps:0 (h:1) died (killed by SIGKILL), "
-                                      "7 step(s) redone; 6.5 s from the failure to this step")
+                                      "7 step(s) redone; 6.5 s from the failure to this step "
+                                      "(s after it: first step 6.5)")
     assert restarts.from_env({}) == []
+
+
+def test_a_restart_timeline_joins_the_launchers_moments_and_rank_0s_in_order():
+    """The launcher marks its moments before the new cluster's ranks read the record from their
+    environment; rank 0 adds its own at its first step: one timeline, seconds after the failure."""
+    history = [restarts.Restart(1, "worker rank 1 failed", 137, 20, failed_at_unix=100.0)]
+    restarts.mark(history, "workers_exited", 101.0)
+    restarts.mark(history, "cluster_stopped", 101.5)
+    restarts.mark(history, "relaunched", 102.0)
+    restarts.mark(history, "ps_ready", 104.25)
+    got = restarts.from_env({restarts.RESTARTS_ENV: restarts.encode(history)})
+    last = restarts.complete(got, start=20, now=112.0,
+                             marks={"rank_restored": 110.0, "rank_started": 104.5, "rank_joined": 108.0})
+    assert list(last.timeline_s.items()) == [("workers_exited", 1.0), ("cluster_stopped", 1.5), ("relaunched", 2.0),
+                                            ("ps_ready", 4.25), ("rank_started", 4.5), ("rank_joined", 8.0),
+                                            ("rank_restored", 10.0), ("first_step", 12.0)]
+    assert last.recovery_s == 12.0
+    assert "(s after it: workers exited 1.0, cluster stopped 1.5, relaunched 2.0, ps ready 4.2" in restarts.describe(last)
 
 
 def test_exit_codes_say_what_a_kubeflow_exit_code_policy_retries():

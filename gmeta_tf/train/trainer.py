@@ -113,14 +113,23 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     # From here a stop signal asks for a checkpoint at the next agreed step (preemption.py); the
     # CLI entered rank_life before Horovod started, an in-process caller gets one here.
     with rank_life(cfg, run_dir, rt.log, rt.rank) as watch:
+        marks = {"rank_started": _process_start_unix(), "rank_joined": time.time()}  # a restart's timeline
         built = build_tables_once(cfg, schema, rt, run_dir)
         built.ckpt.log = rt.log
         start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume, warm)
         tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
         _share_start_state(rt, built)
         watch.status.update(phase=Phase.TRAINING, start_step=start, step=start, checkpoint=start or None)
-        run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation, watch)
+        marks["rank_restored"] = time.time()
+        run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation, watch, marks)
         return write_summary(cfg, rt, run_dir, built.model, tracker, run)
+
+
+def _process_start_unix() -> float:
+    """When this process started (the first moment of a restarted rank's timeline)."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
@@ -190,7 +199,7 @@ def _share_start_state(rt: Runtime, built: Built) -> None:
 
 def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tracker: BestTracker,
           start: int, stopped: bool, on_validation: Optional[OnValidation],
-          watch: Optional[PreemptionWatch] = None) -> RunResult:
+          watch: Optional[PreemptionWatch] = None, marks: Optional[Dict[str, float]] = None) -> RunResult:
     """Train steps ``start+1 .. train.steps`` (none when already stopped), logging every
     ``log_every``, validating every ``eval_every`` and checkpointing as configured. A step
     after which any rank asked to stop (``watch``) is checkpointed, then ``Preempted`` is raised
@@ -221,7 +230,7 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
                 _evict(built, rt, cfg.model.max_rows)
             window.add(loss)
             if step == start + 1 and restarts:
-                rt.log(describe(complete(restarts, start)))
+                rt.log(describe(complete(restarts, start, marks=marks)))
             if step % cfg.train.log_every == 0 or last:
                 log_window(cfg, rt, window, step, history, writer)
             improved = False

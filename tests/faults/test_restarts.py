@@ -192,6 +192,11 @@ def test_killed_worker_restarts_the_cluster(tiny_data, tmp_path, no_orphans):
     assert "restart 1/1: worker rank 1 failed (killed by SIGKILL)" in out, out[-3000:]
     (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
     assert restart["resumed_from_step"] == 20 and restart["steps_redone"] <= 1, restart
+    # where the recovery went: every moment, launcher's and rank 0's, in the order they happen
+    from gmeta_tf.train.restarts import MOMENTS
+    timeline = restart["timeline_s"]
+    assert list(timeline) == list(MOMENTS) and list(timeline.values()) == sorted(timeline.values()), timeline
+    assert timeline["first_step"] == pytest.approx(restart["recovery_s"], abs=0.01) and timeline["workers_exited"] >= 0
     ranks = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
     assert [r["last_step"] for r in ranks] == [STEPS, STEPS]
     assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
