@@ -52,12 +52,13 @@ def _sets(*extra):
     return [a for s in [*TINY_SETS, *extra] for a in ("--set", s)]
 
 
-def _spawn(argv, pause_at=None):
+def _spawn(argv, pause_at=None, env=None):
     """A project process in its own session (so a kill here hits only it), output to a file.
     ``pause_at`` ("N" or "N:RANK"): its ranks freeze themselves after step N
-    (``GMETA_PAUSE_AT_STEP``, gmeta_tf/train/fault_pause.py), the fault's exact moment."""
+    (``GMETA_PAUSE_AT_STEP``, gmeta_tf/train/fault_pause.py), the fault's exact moment.
+    ``env``: variables to add to its environment."""
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"fault-{os.getpid()}-{time.monotonic_ns()}.log", "w+")
-    env = {k: v for k, v in os.environ.items() if k != PAUSE_ENV}
+    env = {**{k: v for k, v in os.environ.items() if k != PAUSE_ENV}, **(env or {})}
     if pause_at is not None:
         env[PAUSE_ENV] = str(pause_at)
     proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -126,7 +126,12 @@ def test_cluster_faults_in_sequence(tiny_data, tmp_path, no_orphans):
 # -- 4. a stalled worker is not blamed on the PS -------------------------------------------------
 def test_stalled_worker_is_named_not_the_ps(tiny_data, tmp_path, no_orphans):
     run = tmp_path / "run"
-    proc = _spawn(_launch_argv(tiny_data, run, steps=60), pause_at="10:1")  # rank 1 freezes after step 10
+    # Rank 1 freezes after step 10; rank 0 finds out when Horovod's Gloo time-out (30 s by default)
+    # ends its next collective. 12 s, not 30: a frozen peer trips it, a slow one does not (Horovod's
+    # background thread keeps cycling while a rank traces), and the ranks' start-up skew on a
+    # loaded box (their TensorFlow imports) is well inside it.
+    proc = _spawn(_launch_argv(tiny_data, run, steps=60), pause_at="10:1",
+                  env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "12"})
     stopped = []
     try:
         stopped = [_wait_frozen(lambda: _rank_pids(no_orphans, 1), proc, what="rank 1 to freeze after step 10")]
