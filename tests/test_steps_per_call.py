@@ -64,7 +64,7 @@ def test_calls_end_at_every_log_validation_checkpoint_and_last_step():
 def test_the_pause_step_ends_a_call_on_every_rank_and_bounded_tables_take_one_step():
     base = ["train.steps=20", "train.log_every=10", "train.checkpoint_every=1000", "train.steps_per_call=4"]
     for rank in (None, 0, 1):  # the same lengths on every rank, whichever rank pauses
-        assert _lengths(base, pause=PausePoint(6, rank)) == [4, 2, 2, 2, 4, 4, 2]
+        assert _lengths(base, pause=PausePoint(6, rank)) == [4, 2, 4, 4, 4, 2]  # 6 ends a call
     assert _lengths([*base, "model.max_rows={item: 10}"]) == [1] * 20
     assert _lengths(base, end=9) == [4, 4, 1]  # an end before train.steps
 
