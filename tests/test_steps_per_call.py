@@ -29,6 +29,7 @@ TOL = dict(rtol=1e-6, atol=1e-6)
 
 
 # -- the key --------------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_steps_per_call_key():
     assert load_config(None).train.steps_per_call == 1  # default: today's one step per call
     assert load_config(None, ["train.steps_per_call=8"]).train.steps_per_call == 8
@@ -50,6 +51,7 @@ def _lengths(sets, end=None, pause=None, start=0):
     return out
 
 
+@pytest.mark.fast
 def test_calls_end_at_every_log_validation_checkpoint_and_last_step():
     base = ["train.steps=23", "train.log_every=10", "train.checkpoint_every=1000"]
     assert _lengths([*base, "train.steps_per_call=1"]) == [1] * 23
@@ -61,6 +63,7 @@ def test_calls_end_at_every_log_validation_checkpoint_and_last_step():
     assert _lengths([*base, "train.steps_per_call=4"], start=7) == [3, 4, 4, 2, 3]
 
 
+@pytest.mark.fast
 def test_the_pause_step_ends_a_call_on_every_rank_and_bounded_tables_take_one_step():
     base = ["train.steps=20", "train.log_every=10", "train.checkpoint_every=1000", "train.steps_per_call=4"]
     for rank in (None, 0, 1):  # the same lengths on every rank, whichever rank pauses
@@ -199,7 +202,7 @@ RUN = ["train.steps=16", "train.log_every=4", "train.checkpoint_every=8", "train
        "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]", "eval.max_tasks=20"]
 
 
-@pytest.mark.integration  # two short trainings (~40 s on 2 cores)
+@pytest.mark.integration  # two short trainings (~15 s on 2 cores)
 def test_a_run_in_calls_logs_validates_and_checkpoints_the_same_steps(prepared_kinds, tmp_path):
     from gmeta_tf.train.trainer import train
 
@@ -241,7 +244,8 @@ _PREEMPTED_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.integration  # three short trainings in real processes (~60 s on 2 cores)
+@pytest.mark.faults
+@pytest.mark.integration  # three short trainings, two in real processes (~45 s on 2 cores)
 def test_sigterm_during_a_validation_stops_at_the_end_of_the_call_and_resumes_to_the_same_weights(
         prepared_kinds, tmp_path):
     from gmeta_tf.train.trainer import train
