@@ -341,9 +341,22 @@ class TrainConfig:
     # being written stays absent). 25 fits Kubernetes' default terminationGracePeriodSeconds (30),
     # and `gmeta k8s render` sets the pods' period to this plus a margin.
     preemption_grace_s: float = 25.0
+    # Training steps per compiled call (``TrainStep.steps``): k steps unrolled into one
+    # ``tf.function``, so the Python round trip between steps (the call, its argument
+    # conversion, reading the loss back) is paid once per k steps. Each unrolled step is the
+    # same step (one lookup, one all-reduce carrying the stop vote, one apply; the cold-row
+    # prefetch reads the next step's rows), so training is the same as with 1 to float
+    # precision. Calls end at every log, validation and checkpoint step, at the last step and at
+    # GMETA_PAUSE_AT_STEP, so losses, validations and checkpoints land on the same steps; a stop
+    # request is acted on at the end of the call (the checkpoint holds its last step). Each call
+    # length traces once. With ``model.max_rows`` (eviction between steps) calls are one step.
+    steps_per_call: int = 1
 
     def __post_init__(self) -> None:
         _require(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        _require(isinstance(self.steps_per_call, int) and not isinstance(self.steps_per_call, bool)
+                 and self.steps_per_call >= 1, "train.steps_per_call",
+                 f"must be an integer >= 1 (steps unrolled into one compiled call), got {self.steps_per_call!r}")
         _require(self.preemption_grace_s > 0, "train.preemption_grace_s",
                  f"must be > 0 seconds, got {self.preemption_grace_s}")
         _require(self.eval_every >= 0, "train.eval_every", f"must be >= 0, got {self.eval_every}")

@@ -12,7 +12,7 @@ TFRA shadow variables (applied straight to the tables by the TFRA-wrapped optimi
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -82,14 +82,28 @@ class TrainStep:
             self.embeddings.write_behind()
             self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
 
+        def steps(batches):
+            return _stacked([self._step(b) for b in batches])
+
+        def steps_ahead(batches, next_batch):
+            # Step i reads step i+1's cold rows, the last one the next call's first batch's.
+            return _stacked([self._step_ahead(b, nxt) for b, nxt in zip(batches, [*batches[1:], next_batch])])
+
         tag = f"r{sync.rank}_p{os.getpid()}"
         step.__name__ = f"gmeta_train_step_{tag}"
         step_ahead.__name__ = f"gmeta_train_step_ahead_{tag}"
+        steps.__name__ = f"gmeta_train_steps_{tag}"
+        steps_ahead.__name__ = f"gmeta_train_steps_ahead_{tag}"
         prime.__name__ = f"gmeta_prefetch_prime_{tag}"
         self._compiled = tf.function(step, reduce_retracing=True, autograph=False)
+        # train.steps_per_call: a Python loop, unrolled while tracing (no autograph, no
+        # tf.while_loop), so each step in it is the single step's graph, TFRA lookups and the
+        # prefetch's buffers included. One trace per call length.
+        self._compiled_steps = tf.function(steps, reduce_retracing=True, autograph=False)
         self.prefetching = bool(self.cold_vars)
         if self.prefetching:
             self._compiled_ahead = tf.function(step_ahead, reduce_retracing=True, autograph=False)
+            self._compiled_steps_ahead = tf.function(steps_ahead, reduce_retracing=True, autograph=False)
             self._prime = tf.function(prime, reduce_retracing=True, autograph=False)
         self._primed = False
 
@@ -105,6 +119,29 @@ class TrainStep:
             out = self._compiled_ahead(batch, next_batch if next_batch is not None else batch)
         except Exception:
             self._primed = False  # a failed step may leave the read-ahead half stored
+            raise
+        self._primed = next_batch is not None
+        return out
+
+    def steps(self, batches: Sequence[dict], next_batch: Optional[dict] = None) -> Dict[str, tf.Tensor]:
+        """Train on ``batches`` in order in one compiled call (``train.steps_per_call``): the
+        same as ``step`` on each batch in turn, without a return to Python between them. Returns
+        ``loss`` and ``stop`` per step, ``[len(batches)]``. ``stop`` reads the vote set before
+        the call (``vote_stop``), so it is the same for every step of a call. ``next_batch``:
+        as in ``step``, the batch the next call starts with. One batch is ``step`` itself."""
+        batches = list(batches)
+        if not batches:
+            raise ValueError("TrainStep.steps needs at least one batch")
+        if len(batches) == 1:
+            return {k: v[None] for k, v in self.step(batches[0], next_batch).items()}
+        if not self.prefetching:
+            return self._compiled_steps(batches)
+        if not self._primed:
+            self._prime(batches[0])
+        try:
+            out = self._compiled_steps_ahead(batches, next_batch if next_batch is not None else batches[-1])
+        except Exception:
+            self._primed = False
             raise
         self._primed = next_batch is not None
         return out
@@ -165,3 +202,8 @@ class TrainStep:
         out, done = self._apply(batch)
         self.embeddings.keep_ahead(ahead, done)
         return out
+
+
+def _stacked(outs: List[Dict[str, tf.Tensor]]) -> Dict[str, tf.Tensor]:
+    """The per-step outputs of an unrolled call as one tensor per key, in step order."""
+    return {k: tf.stack([o[k] for o in outs]) for k in outs[0]}

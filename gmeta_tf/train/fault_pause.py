@@ -8,6 +8,8 @@ margin, and the test can then kill it, kill its PS, or signal it and let it go o
 Like ``--network-fault HOST:KIND=VALUE@STEP``, the trigger is a step, never a time.
 
 ``GMETA_PAUSE_AT_STEP=N`` freezes every rank after step N; ``N:R`` only rank R. Unset: nothing.
+With ``train.steps_per_call`` > 1, step N ends a call on every rank (``train/step_calls.py``), so
+the freeze is still exactly after step N.
 """
 from __future__ import annotations
 

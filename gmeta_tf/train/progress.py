@@ -8,7 +8,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -32,12 +32,18 @@ class Window:
     total_steps: int = 0
 
     def add(self, loss: float) -> None:
-        self.loss_sum, self.loss_n = self.loss_sum + loss, self.loss_n + 1
-        if self.t0 is None:  # the first step traces and compiles: keep it out of throughput
+        self.add_call([loss])
+
+    def add_call(self, losses: Sequence[float]) -> None:
+        """The losses of one compiled call's steps (``train.steps_per_call``), in step order.
+        Throughput counts calls' steps from the end of the first call: that call traces and
+        compiles, and its later steps ran before the clock started."""
+        self.loss_sum, self.loss_n = self.loss_sum + sum(losses), self.loss_n + len(losses)
+        if self.t0 is None:
             self.t0, self.steps = time.perf_counter(), 0
-            self.loss_sum, self.loss_n = loss, 1
+            self.loss_sum, self.loss_n = sum(losses), len(losses)
         else:
-            self.steps += 1
+            self.steps += len(losses)
 
     def close(self) -> float:
         """The window's mean loss; updates ``tasks_per_s`` and starts the next window."""

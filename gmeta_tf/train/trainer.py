@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 
@@ -43,6 +43,7 @@ from gmeta_tf.train.restarts import complete, describe, from_env
 from gmeta_tf.train.run_files import absolute_data_path, check_data, check_steps, checkpoint_files, data_record
 from gmeta_tf.train.run_summary import RunResult, write_summary
 from gmeta_tf.train.runtime import Runtime
+from gmeta_tf.train.step_calls import call_plan
 from gmeta_tf.train.validation import BestTracker, OnValidation, resolve_metric, validation_point
 from gmeta_tf.train.warm_start import WARM_START_FILE, WarmStartSource, check_compatible, record, resolve
 
@@ -201,9 +202,10 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
           start: int, stopped: bool, on_validation: Optional[OnValidation],
           watch: Optional[PreemptionWatch] = None, marks: Optional[Dict[str, float]] = None) -> RunResult:
     """Train steps ``start+1 .. train.steps`` (none when already stopped), logging every
-    ``log_every``, validating every ``eval_every`` and checkpointing as configured. A step
-    after which any rank asked to stop (``watch``) is checkpointed, then ``Preempted`` is raised
-    on every rank."""
+    ``log_every``, validating every ``eval_every`` and checkpointing as configured, in calls of
+    up to ``train.steps_per_call`` steps that end at each of those steps (``step_calls.py``). The
+    last step of a call after which any rank asked to stop (``watch``) is checkpointed, then
+    ``Preempted`` is raised on every rank."""
     watch = watch or PreemptionWatch(cfg.train.preemption_grace_s, rt.log, rt.rank)  # not installed: never asks
     history = [h for h in previous_history(run_dir) if h["step"] <= start] if start else []
     writer = tf.summary.create_file_writer(storage.join(run_dir, "tb")) if rt.rank == 0 else None
@@ -218,18 +220,25 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
     step = start
     restarts = from_env() if rt.rank == 0 else []  # gmeta launch local --max-restarts
     pause = pause_point()  # a fault test's trigger (GMETA_PAUSE_AT_STEP); None in a real job
-    try:  # the step and every collective after it (log, validation, checkpoint)
-        for step in range(start + 1, end + 1):
-            # One batch ahead: a step reads the next batch's cold rows while it computes (hot.prefetch).
-            batch, upcoming = upcoming, (next(it) if step < end else None)
+    # train.steps_per_call: each call ends where the loop below has work (step_calls.py).
+    plan = call_plan(cfg, end, pause)
+    try:  # the steps and every collective after them (log, validation, checkpoint)
+        while step < end:
+            first = step + 1
+            last_of_call = first + plan.length(first) - 1
+            # One batch ahead: a call reads the next call's first batch's cold rows (hot.prefetch).
+            batches = [upcoming] + [next(it) for _ in range(last_of_call - first)]
+            upcoming = next(it) if last_of_call < end else None
             built.step_fn.vote_stop(watch.poll())
-            loss, preempted = _train_step(rt, built, step, batch, upcoming)
+            step = first  # a failed call is reported at its first step
+            losses, preempted = _train_call(rt, built, first, batches, upcoming)
+            step = last_of_call
             last = step == cfg.train.steps
             watch.status.update(step=step, write_now=step % cfg.train.log_every == 0 or last)
             if cfg.model.max_rows:
                 _evict(built, rt, cfg.model.max_rows)
-            window.add(loss)
-            if step == start + 1 and restarts:
+            window.add_call(losses)
+            if first == start + 1 and restarts:
                 rt.log(describe(complete(restarts, start, marks=marks)))
             if step % cfg.train.log_every == 0 or last:
                 log_window(cfg, rt, window, step, history, writer)
@@ -263,17 +272,27 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
     return RunResult(start, end, step if start < end else start, stopped, window, history, writer, restarts)
 
 
-def _train_step(rt: Runtime, built: Built, step: int, batch: dict, upcoming: Optional[dict]) -> tuple[float, bool]:
-    """One compiled step; its loss and whether every rank stops after it (some rank was asked
-    to). An embedding-side failure is typed by ``Embeddings.step_errors``, a non-finite loss is
-    one line; a lost PS or peer worker is translated by ``_loop`` (``failures.py``), which also
-    covers the collectives after the step."""
-    with built.model.embeddings.step_errors(f"rank {rt.rank}, step {step}"):
-        out = built.step_fn.step(batch, upcoming)
-    loss = float(out["loss"])
-    if not math.isfinite(loss):
-        raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {step}; lower the learning rates")
-    return loss, bool(out["stop"])
+def _train_call(rt: Runtime, built: Built, first: int, batches: List[dict],
+                upcoming: Optional[dict]) -> tuple[List[float], bool]:
+    """One compiled call: steps ``first ..`` on ``batches`` (``train.steps_per_call``; one batch
+    is the single step, as without the key). Returns each step's loss and whether every rank
+    stops after the call (some rank was asked to: the vote rides in each step's all-reduce). An
+    embedding-side failure is typed by ``Embeddings.step_errors``, a non-finite loss is one line
+    naming its step; a lost PS or peer worker is translated by ``_loop`` (``failures.py``), which
+    also covers the collectives after the call."""
+    last = first + len(batches) - 1
+    where = f"rank {rt.rank}, step {first}" if last == first else f"rank {rt.rank}, steps {first}-{last}"
+    with built.model.embeddings.step_errors(where):
+        if len(batches) == 1:
+            out = built.step_fn.step(batches[0], upcoming)
+            losses, stop = [float(out["loss"])], bool(out["stop"])
+        else:
+            out = built.step_fn.steps(batches, upcoming)
+            losses, stop = [float(x) for x in out["loss"].numpy()], bool(out["stop"].numpy()[-1])
+    for i, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"rank {rt.rank}: loss is {loss} at step {first + i}; lower the learning rates")
+    return losses, stop
 
 
 def _preempted(rt: Runtime, watch: PreemptionWatch, step: int, path: Optional[str], save_s: float) -> Preempted:
