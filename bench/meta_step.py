@@ -150,6 +150,42 @@ def measure_model_key(cfg: Config, key: str, values: Sequence, seconds: float = 
             f"cpu_speedup_{labels[0]}_over_{labels[1]}": cpu[labels[0]] / cpu[labels[1]]}
 
 
+class _InCalls:
+    """A ``TrainStep`` driven ``k`` batches per compiled call (``train.steps_per_call``), behind
+    the one-batch ``step`` the rate loop calls: batches are gathered and every ``k``-th call runs
+    them, so each ``step`` still counts one step's tasks and the wall time is the calls'."""
+
+    def __init__(self, step: TrainStep, k: int):
+        import tensorflow as tf  # after gmeta_tf (its environment for TensorFlow)
+
+        self.inner, self.k, self.pending = step, k, []
+        self.last = {"loss": tf.constant(0.0)}
+
+    def step(self, batch):
+        self.pending.append(batch)
+        if len(self.pending) == self.k:
+            self.last = {"loss": self.inner.steps(self.pending)["loss"][-1]} if self.k > 1 else self.inner.step(batch)
+            self.pending = []
+        return self.last
+
+
+def measure_steps_per_call(cfg: Config, ks: Sequence[int] = (1, 4, 8), seconds: float = 12.0) -> Dict[str, float]:
+    """The default step in calls of ``k`` steps (``train.steps_per_call``), side by side in one
+    process: ``tasks_per_s_k<k>`` and ``speedup_k<k>_over_k1`` (wall and CPU)."""
+    schema = load_schema(cfg.data.path)
+    variant = "jit" if jit_enabled(cfg.meta) else "nojit"
+    steps = {f"k{k}": _InCalls(_step(cfg, schema, variant), k) for k in ks}
+    batches = _batches(cfg)
+    for s in steps.values():  # trace every call length before the clock starts
+        for b in batches[:s.k]:
+            s.step(b)
+    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    out = {f"tasks_per_s_k{k}": rates[f"k{k}"] for k in ks}
+    out.update({f"speedup_k{k}_over_k1": rates[f"k{k}"] / rates["k1"] for k in ks if k != 1})
+    out.update({f"cpu_speedup_k{k}_over_k1": cpu[f"k{k}"] / cpu["k1"] for k in ks if k != 1})
+    return out
+
+
 def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: float = 16.0) -> Dict[str, Dict]:
     """Step time against the number of tables of one width: the data's features copied 1, 2, 4
     times (7, 14, 28 tables on the bench's data, ``bench/features.py``), each fused and per

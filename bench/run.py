@@ -31,7 +31,7 @@ JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],
 
 def bench_meta(results: Dict) -> None:
     from bench.meta_io import measure_read_rate
-    from bench.meta_step import measure, measure_features, measure_jit, measure_model_key
+    from bench.meta_step import measure, measure_features, measure_jit, measure_model_key, measure_steps_per_call
     from gmeta_tf.config.loader import load_config
 
     data, prep = _prepared_data()
@@ -42,6 +42,8 @@ def bench_meta(results: Dict) -> None:
     # The dense math compiled by XLA or not, side by side, where the compiled program differs most.
     for section, sets in JIT_ROWS.items():
         results[section] = measure_jit(load_config("configs/quickstart.yaml", [f"data.path={data}", *sets]))
+    # train.steps_per_call: k steps per compiled call against one (the default is chosen from this).
+    results["meta_step_steps_per_call"] = measure_steps_per_call(cfg)
     # model.init_rows: initial rows for the missing ids only, or TFRA's draw for every id.
     results["meta_step_init_rows"] = measure_model_key(cfg, "init_rows", ["missing", "all"])
     # model.ps_requests: one request per PS for all tables, or TFRA's per-table ops (one process).
@@ -147,6 +149,8 @@ SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed"
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
+    ("meta_step_steps_per_call.speedup_k8_over_k1", "train.steps_per_call 8 / 1 (tasks/s, one process)", ""),
+    ("meta_step_steps_per_call.speedup_k4_over_k1", "… 4 / 1", ""),
     ("meta_step.tasks_per_s_vectorized", "vectorized meta step, tasks/s", ""),
     ("meta_step.tasks_per_s_task_loop", "per-task loop (tf.while_loop), tasks/s", ""),
     ("meta_step.speedup_vs_unrolled_loop", "vectorized / unrolled per-task loop", ""),
