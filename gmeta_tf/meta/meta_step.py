@@ -67,46 +67,71 @@ class TrainStep:
         model.embeddings.build_slots(emb_opt)  # and the hot tier's prefetch, which reads them
         self.rows = model.embeddings.trainable()
         self.shadows, self.hot_vars, self.cold_vars = self.rows.shadows, self.rows.hot, self.rows.cold
+        # model.hot_sync_every > 1 (embedding/hot/stale.py): a step either closes the hot rows'
+        # window (exchanges) or trains them locally; two traces, picked by the step number.
+        hot = model.embeddings.hot
+        self.hot_sync_every = hot.sync_every if hot is not None else 1
+        self._calls = 0  # steps taken through ``step`` (the schedule when no step number is given)
+        self.prefetching = bool(self.cold_vars)
         # A name unique to this process: with PS tables the step's graph is partitioned and its
         # PS parts are registered on the parameter servers under names derived from this one,
         # so the functions different workers register on a shared PS never share a name (and a
         # PS log names the worker). The PS crashes we saw had another cause, see
         # docs/startup.md.
-        def step(batch):
-            return self._step(batch)
-
-        def step_ahead(batch, next_batch):
-            return self._step_ahead(batch, next_batch)
-
-        def prime(batch):
-            self.embeddings.write_behind()
-            self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
-
         tag = f"r{sync.rank}_p{os.getpid()}"
-        step.__name__ = f"gmeta_train_step_{tag}"
-        step_ahead.__name__ = f"gmeta_train_step_ahead_{tag}"
-        prime.__name__ = f"gmeta_prefetch_prime_{tag}"
-        self._compiled = tf.function(step, reduce_retracing=True, autograph=False)
-        self.prefetching = bool(self.cold_vars)
+        self._compiled = self._trace(tag, ahead=False, hot_sync=True)
         if self.prefetching:
-            self._compiled_ahead = tf.function(step_ahead, reduce_retracing=True, autograph=False)
+            self._compiled_ahead = self._trace(tag, ahead=True, hot_sync=True)
+
+            def prime(batch):
+                self.embeddings.write_behind()
+                self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
+
+            prime.__name__ = f"gmeta_prefetch_prime_{tag}"
             self._prime = tf.function(prime, reduce_retracing=True, autograph=False)
+        if self.hot_sync_every > 1:
+            self._compiled_local = self._trace(tag, ahead=self.prefetching, hot_sync=False)
         self._primed = False
 
-    def step(self, batch: dict, next_batch: Optional[dict] = None) -> Dict[str, tf.Tensor]:
+    def _trace(self, tag: str, ahead: bool, hot_sync: bool):
+        """The compiled step; ``ahead``: the one that also reads the next batch's cold rows;
+        ``hot_sync``: whether it closes the hot rows' window."""
+        def step(batch):
+            return self._step(batch, hot_sync)
+
+        def step_ahead(batch, next_batch):
+            return self._step_ahead(batch, next_batch, hot_sync)
+
+        fn = step_ahead if ahead else step
+        fn.__name__ = f"gmeta_train_step{'_ahead' if ahead else ''}{'' if hot_sync else '_local'}_{tag}"
+        return tf.function(fn, reduce_retracing=True, autograph=False)
+
+    def hot_sync_due(self, step: int) -> bool:
+        """Whether step ``step`` (1-based) closes the hot window: every ``hot_sync_every``-th
+        step, from the step number alone, so every rank exchanges at the same steps."""
+        return step % self.hot_sync_every == 0
+
+    def step(self, batch: dict, next_batch: Optional[dict] = None, step: Optional[int] = None) -> Dict[str, tf.Tensor]:
         """Train on ``batch``. With prefetching tables, pass the batch the next call will train
         on as ``next_batch``: its cold rows are read during this step (without it, the next
-        call reads them first, off the overlap)."""
+        call reads them first, off the overlap). ``step``: the global step number (1-based; the
+        hot window's schedule), by default the count of calls."""
+        self._calls += 1
+        sync = self.hot_sync_due(step if step is not None else self._calls)
         if not self.prefetching:
-            return self._compiled(batch)
-        if not self._primed:
-            self._prime(batch)
-        try:
-            out = self._compiled_ahead(batch, next_batch if next_batch is not None else batch)
-        except Exception:
-            self._primed = False  # a failed step may leave the read-ahead half stored
-            raise
-        self._primed = next_batch is not None
+            out = (self._compiled if sync else self._compiled_local)(batch)
+        else:
+            compiled = self._compiled_ahead if sync else self._compiled_local
+            if not self._primed:
+                self._prime(batch)
+            try:
+                out = compiled(batch, next_batch if next_batch is not None else batch)
+            except Exception:
+                self._primed = False  # a failed step may leave the read-ahead half stored
+                raise
+            self._primed = next_batch is not None
+        if self.embeddings.hot is not None:
+            self.embeddings.hot.window_open = not sync
         return out
 
     def gradients(self, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor]]:
@@ -143,25 +168,25 @@ class TrainStep:
         if bool(self.stop_vote.numpy()) != stop:
             self.stop_vote.assign(float(stop))
 
-    def _apply(self, batch: dict):
+    def _apply(self, batch: dict, hot_sync: bool = True):
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
         *dense_grads, votes = self.sync.allreduce([*dense_grads, self.stop_vote.read_value()])
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
-        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads)
+        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads, hot_sync=hot_sync)
         return {"loss": loss, "stop": votes > 0.0}, done
 
-    def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
+    def _step(self, batch: dict, hot_sync: bool = True) -> Dict[str, tf.Tensor]:
         """``loss``, and ``stop``: whether any rank voted to stop after this step (the mean of
         the votes over ranks is above 0), the same on every rank."""
-        out, _ = self._apply(batch)
+        out, _ = self._apply(batch, hot_sync)
         return out
 
-    def _step_ahead(self, batch: dict, next_batch: dict) -> Dict[str, tf.Tensor]:
+    def _step_ahead(self, batch: dict, next_batch: dict, hot_sync: bool = True) -> Dict[str, tf.Tensor]:
         """The step with prefetching tables: last step's cold writes, then the next batch's cold
         reads, go to the PS first; nothing of this batch's compute waits on them, so they run
         alongside it. The buffers are refilled (and patched with this step's updates) last."""
         self.embeddings.write_behind()
         ahead = self.embeddings.read_ahead(next_batch)
-        out, done = self._apply(batch)
+        out, done = self._apply(batch, hot_sync)
         self.embeddings.keep_ahead(ahead, done)
         return out
