@@ -143,6 +143,43 @@ def test_forced_sync_between_syncs_is_one_step_from_the_anchor():
     assert not rows.window_open
 
 
+class _FourRanks(LocalSync):
+    size = 4
+
+
+def test_exchange_is_sized_by_the_rows_a_window_touches(tmp_path):
+    """The dense / sparse choice counts the rows a window of k steps is expected to touch: more
+    than one step's (a window's steps touch different rare rows), at most k times as many."""
+    from gmeta_tf.data.id_profile import TableProfile
+    from gmeta_tf.embedding.hot.rows import expected_touched, touched_bounds
+
+    def profile(name, counts):
+        counts = np.asarray(counts, np.int64)
+        return TableProfile(name=name, method="exact", ids=np.arange(len(counts), dtype=np.int64), counts=counts,
+                            lookups=int(counts.sum()), distinct=len(counts), complete=True)
+
+    profiles = {"item": profile("item", [1_000_000] + [1] * 49), "city": profile("city", [10] * 5),
+                "tags": profile("tags", [10] * 20)}
+    write_profile(tmp_path, profiles, {"sample": 1.0})
+    sets = ["hot.budget=1MiB", f"hot.profile={tmp_path / 'id_profile.npz'}", "hot.prefetch=false",
+            f"data.path={tmp_path / 'no-data'}"]
+    modes = {}
+    for k in (1, 8):
+        schema = tiny_schema("click")
+        model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1, fuse_tables=False), schema)
+        cfg = load_config(None, [*sets, f"model.hot_sync_every={k}"])
+        rows = model.embeddings.add_hot_tier(cfg, _FourRanks(), log=lambda m: None)
+        assert rows.sync_every == k
+        modes[k] = rows.grad_sync.modes
+    bounds = touched_bounds(["item", "city"], ["tags"], cfg.data)
+    one = expected_touched(cfg, profiles, rows.hot_set.ids, bounds)
+    window = expected_touched(cfg, profiles, rows.hot_set.ids, bounds, steps=8)
+    assert one["item"] < window["item"] <= 8 * one["item"]
+    assert window["city"] == pytest.approx(5, abs=1e-6)  # a window cannot touch more than all rows
+    # item: a step touches ~1 of 50 rows (gathered); a window of 8 ~5.7, still fewer bytes gathered
+    assert modes[1]["item"] == modes[8]["item"] == "sparse"
+
+
 @pytest.fixture(scope="module")
 def profile(prepared_2500, tmp_path_factory):
     out = tmp_path_factory.mktemp("hot_profile_sync_every")
