@@ -43,11 +43,11 @@ def profile_dir(prepared_2500, tmp_path_factory):
     return out
 
 
-def _launch(data_dir, run, *sets):
+def _launch(data_dir, run, *sets, steps=STEPS):
     launch_id = uuid.uuid4().hex
     args = ["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "400",
             "--config", "configs/quickstart.yaml", "--data", str(data_dir), "--out", str(run),
-            "--steps", str(STEPS)]
+            "--steps", str(steps)]
     for s in [*LAUNCH_LOCAL_SETS, *sets]:
         args += ["--set", s]
     r = run_gmeta(args, timeout=480, env={LAUNCH_ID_ENV: launch_id})
@@ -107,3 +107,27 @@ def test_hot_split_two_workers_two_ps(prepared_2500, profile_dir, tmp_path, laun
     print(f"test AUC with the split {auc_hot:.4f}, without {auc_plain:.4f}")  # shown with -s
     assert abs(auc_hot - auc_plain) <= AUC_TOLERANCE, (auc_hot, auc_plain)
     assert auc_hot > 0.58  # and it learned something
+
+
+# model.hot_sync_every (embedding/hot/stale.py): a short run whose checkpoints (every 10 steps,
+# and the last, 58) mostly fall inside a window of 4, so each forces the sync.
+SYNC_EVERY, SYNC_STEPS = 4, 58
+
+
+def test_hot_sync_every_k_two_workers(prepared_2500, profile_dir, tmp_path):
+    """Two workers train their hot replicas locally and exchange every 4 steps: after the final
+    (forced) sync the replicas are identical bit for bit, and equal to the PS copy, on both."""
+    run = tmp_path / "hot_k"
+    log = _launch(prepared_2500, run, f"hot.budget={BUDGET}", f"hot.profile={profile_dir / 'id_profile.npz'}",
+                  f"model.hot_sync_every={SYNC_EVERY}", "train.checkpoint_every=10", steps=SYNC_STEPS)
+    assert f"hot gradient exchange every {SYNC_EVERY} steps:" in log
+    assert SYNC_STEPS % SYNC_EVERY  # the last step is inside a window: only the forced sync closes it
+    ranks = rank_summaries(run)
+    assert sorted(ranks) == [0, 1]
+    assert ranks[0]["last_step"] == SYNC_STEPS and ranks[0]["hot_rows"] > 0
+    assert ranks[0]["hot_digest"] == ranks[1]["hot_digest"]
+    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"]
+    assert ranks[0]["hot_ps_mismatches"] == 0 and ranks[1]["hot_ps_mismatches"] == 0
+    summary = json.loads((run / "train_summary.json").read_text())
+    losses = [h["loss"] for h in summary["history"]]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses

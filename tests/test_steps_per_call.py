@@ -271,3 +271,15 @@ def test_sigterm_during_a_validation_stops_at_the_end_of_the_call_and_resumes_to
     assert f"at step {done[-1]}" in resumed.stdout + resumed.stderr
     straight = train(load_config(None, sets), tmp_path / "straight")
     assert json.loads((run / "train_summary.json").read_text())["dense_digest"] == straight["dense_digest"]
+
+
+@pytest.mark.fast
+def test_steps_per_call_with_a_stale_hot_tier_is_refused_naming_both_keys():
+    """Several steps in one call sync the hot rows at every step: with ``model.hot_sync_every``
+    > 1 one of the two would not do what it says, so the pair is refused before anything runs."""
+    from gmeta_tf.config.loader import load_config
+    from gmeta_tf.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match="train.steps_per_call.*model.hot_sync_every 4"):
+        load_config("configs/quickstart.yaml", ["train.steps_per_call=4", "model.hot_sync_every=4"])
+    assert load_config("configs/quickstart.yaml", ["train.steps_per_call=4"]).train.steps_per_call == 4

@@ -231,6 +231,14 @@ class ModelConfig:
     # ``cluster.link_rate``; the log says which and why. Without a link rate bytes are free,
     # and ``auto`` keeps the split off (make bench: 0.88x on loopback).
     hot_split: Union[bool, Literal["auto"]] = True
+    # How often the hot tier's replicas sync (gmeta_tf/embedding/hot/stale.py). ``1``: every
+    # step, each rank applying the mean gradient over ranks (exact, the behaviour before this
+    # key). ``k > 1``: each rank trains its own replica for k steps, accumulating the gradients of
+    # the rows it touches; every k-th step (and before a checkpoint or an eviction) the touched
+    # rows' accumulated gradients are exchanged, and every rank resets those rows to their value
+    # at the last sync and takes one optimizer step with the mean: replicas identical again, one
+    # exchange per k steps, rows up to k-1 steps stale between ranks. Needs the hot tier on.
+    hot_sync_every: int = 1
 
     def __post_init__(self) -> None:
         for name, n in self.max_rows.items():
@@ -251,6 +259,12 @@ class ModelConfig:
                  f"must be one of auto, true, false, got {self.fuse_tables!r}")
         _require(self.hot_split in HOT_SPLIT, "model.hot_split",
                  f"must be one of auto, true, false, got {self.hot_split!r}")
+        _require(isinstance(self.hot_sync_every, int) and not isinstance(self.hot_sync_every, bool)
+                 and self.hot_sync_every >= 1, "model.hot_sync_every",
+                 f"must be an integer >= 1 (1: sync the hot rows every step), got {self.hot_sync_every!r}")
+        _require(self.hot_sync_every == 1 or self.hot_split is not False, "model.hot_sync_every",
+                 f"is {self.hot_sync_every}, but model.hot_split is false: there are no hot replicas to "
+                 f"sync; drop model.hot_sync_every or turn the split on")
 
 
 @dataclass
@@ -523,3 +537,13 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     hot: HotConfig = field(default_factory=HotConfig)
+
+    def __post_init__(self) -> None:
+        # A k > 1 with no hot tier would be silently meaningless; ``hot_split: auto`` deciding
+        # the tier off at run time is logged instead (hot/rows.py).
+        _require(self.model.hot_sync_every == 1 or self.hot.budget_bytes > 0, "model.hot_sync_every",
+                 f"is {self.model.hot_sync_every}, but hot.budget is 0 (no hot tier): there are no hot "
+                 f"replicas to sync; set hot.budget or drop model.hot_sync_every")
+        _require(self.model.hot_sync_every == 1 or self.train.steps_per_call == 1, "train.steps_per_call",
+                 f"is {self.train.steps_per_call} with model.hot_sync_every {self.model.hot_sync_every}: a "
+                 f"compiled call of several steps syncs the hot rows at every step; use one of the two")

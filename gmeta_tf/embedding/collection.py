@@ -20,8 +20,9 @@ this class. Its life, in the order ``assemble`` (and before it ``create_tables``
    differentiates), ``apply`` (hot rows first, then the TFRA tables), with prefetch
    ``write_behind`` / ``read_ahead`` / ``keep_ahead`` around them, ``step_errors`` (a step's
    failure inside the package, as a typed error);
-5. **boundaries**: ``quiesce`` (each rank writes its pending cold-row updates to the PS before
-   anyone reads it: validation, checkpoint), ``step_boundary`` (rank 0 copies the hot rows
+5. **boundaries**: ``sync_hot`` (with ``model.hot_sync_every > 1``, every rank closes the hot
+   rows' open window: before a checkpoint or an eviction), ``quiesce`` (each rank writes its
+   pending cold-row updates to the PS before anyone reads it: validation, checkpoint), ``step_boundary`` (rank 0 copies the hot rows
    back into the canonical PS tables), ``load_hot`` (the reverse, at start);
 6. **export / restore** of the checkpoint's table files (``table_files.py``).
 
@@ -225,13 +226,14 @@ class Embeddings:
         return TrainableRows(self.hot.remote_shadows(self.shadows()), self.hot.variables, self.hot.cold_variables)
 
     def apply(self, rows: "TrainableRows", shadow_grads: Sequence, hot_grads: Sequence = (),
-              cold_grads: Sequence = ()) -> Optional[list]:
+              cold_grads: Sequence = (), hot_sync: bool = True) -> Optional[list]:
         """Apply one step's gradients (``rows`` is what ``trainable`` gave the tape). The hot rows
         go first: they read the tables' step counters, which the TFRA apply increments. Returns
-        the prefetched tables' updates (``HotRows.store``'s patch), None without a hot tier."""
+        the prefetched tables' updates (``HotRows.store``'s patch), None without a hot tier.
+        ``hot_sync``: whether this step closes the hot rows' window (``model.hot_sync_every``)."""
         done = None
         if self.hot is not None:
-            done = self.hot.apply(list(hot_grads), self._opt(), list(cold_grads))
+            done = self.hot.apply(list(hot_grads), self._opt(), list(cold_grads), sync=hot_sync)
         rest = list(zip(shadow_grads, rows.shadows))
         if self.requests is not None:  # the tables this step's lookup sent as PS requests
             rest = self.requests.apply(rest)
@@ -275,6 +277,12 @@ class Embeddings:
         if self.hot is not None:
             self.hot.flush()
 
+    def sync_hot(self) -> bool:
+        """Every rank, at the same point between steps: close the hot rows' open window
+        (``model.hot_sync_every > 1``, ``hot/stale.py``) so the replicas are the synced ones
+        before anything saves or reads them as the run's state. True if there was one."""
+        return self.hot is not None and self.hot.sync_now(self._opt())
+
     def step_boundary(self) -> None:
         """Make the PS tables canonical again: rank 0 copies the hot rows and their slots there
         (the replicas are identical, so rank 0's copy is everyone's)."""
@@ -293,6 +301,11 @@ class Embeddings:
         ``replicated_state`` to the other ranks."""
         if self.hot is not None:
             self.hot.load(self._opt())
+
+    def start_hot_window(self) -> None:
+        """Every rank, after the start broadcast: the hot window starts from the rows it got."""
+        if self.hot is not None:
+            self.hot.restart_window()
 
     def replicated_state(self) -> List[tf.Variable]:
         """What rank 0 broadcasts so every replica starts identical: the tables' step counters

@@ -67,63 +67,93 @@ class TrainStep:
         model.embeddings.build_slots(emb_opt)  # and the hot tier's prefetch, which reads them
         self.rows = model.embeddings.trainable()
         self.shadows, self.hot_vars, self.cold_vars = self.rows.shadows, self.rows.hot, self.rows.cold
+        # model.hot_sync_every > 1 (embedding/hot/stale.py): a step either closes the hot rows'
+        # window (exchanges) or trains them locally; two traces, picked by the step number.
+        hot = model.embeddings.hot
+        self.hot_sync_every = hot.sync_every if hot is not None else 1
+        self._calls = 0  # steps taken through ``step`` (the schedule when no step number is given)
+        self.prefetching = bool(self.cold_vars)
         # A name unique to this process: with PS tables the step's graph is partitioned and its
         # PS parts are registered on the parameter servers under names derived from this one,
         # so the functions different workers register on a shared PS never share a name (and a
         # PS log names the worker). The PS crashes we saw had another cause, see
         # docs/startup.md.
+        tag = f"r{sync.rank}_p{os.getpid()}"
+        self._compiled = self._trace(tag, ahead=False, hot_sync=True)
+        self._compiled_steps = self._trace_steps(tag, ahead=False)
+        if self.prefetching:
+            self._compiled_ahead = self._trace(tag, ahead=True, hot_sync=True)
+            self._compiled_steps_ahead = self._trace_steps(tag, ahead=True)
+
+            def prime(batch):
+                self.embeddings.write_behind()
+                self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
+
+            prime.__name__ = f"gmeta_prefetch_prime_{tag}"
+            self._prime = tf.function(prime, reduce_retracing=True, autograph=False)
+        if self.hot_sync_every > 1:
+            self._compiled_local = self._trace(tag, ahead=self.prefetching, hot_sync=False)
+        self._primed = False
+
+    def _trace(self, tag: str, ahead: bool, hot_sync: bool):
+        """The compiled step; ``ahead``: the one that also reads the next batch's cold rows;
+        ``hot_sync``: whether it closes the hot rows' window."""
         def step(batch):
-            return self._step(batch)
+            return self._step(batch, hot_sync)
 
         def step_ahead(batch, next_batch):
-            return self._step_ahead(batch, next_batch)
+            return self._step_ahead(batch, next_batch, hot_sync)
 
-        def prime(batch):
-            self.embeddings.write_behind()
-            self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
+        fn = step_ahead if ahead else step
+        fn.__name__ = f"gmeta_train_step{'_ahead' if ahead else ''}{'' if hot_sync else '_local'}_{tag}"
+        return tf.function(fn, reduce_retracing=True, autograph=False)
 
+    def _trace_steps(self, tag: str, ahead: bool):
+        """train.steps_per_call: a Python loop, unrolled while tracing (no autograph, no
+        tf.while_loop), so each step in it is the single step's graph, TFRA lookups and the
+        prefetch's buffers included. One trace per call length. Every step of it closes the hot
+        window: the config refuses ``steps_per_call`` > 1 with ``hot_sync_every`` > 1."""
         def steps(batches):
-            return _stacked([self._step(b) for b in batches])
+            return _stacked([self._step(b, True) for b in batches])
 
         def steps_ahead(batches, next_batch):
             # Step i reads step i+1's cold rows, the last one the next call's first batch's.
-            return _stacked([self._step_ahead(b, nxt) for b, nxt in zip(batches, [*batches[1:], next_batch])])
+            return _stacked([self._step_ahead(b, nxt, True) for b, nxt in zip(batches, [*batches[1:], next_batch])])
 
-        tag = f"r{sync.rank}_p{os.getpid()}"
-        step.__name__ = f"gmeta_train_step_{tag}"
-        step_ahead.__name__ = f"gmeta_train_step_ahead_{tag}"
-        steps.__name__ = f"gmeta_train_steps_{tag}"
-        steps_ahead.__name__ = f"gmeta_train_steps_ahead_{tag}"
-        prime.__name__ = f"gmeta_prefetch_prime_{tag}"
-        self._compiled = tf.function(step, reduce_retracing=True, autograph=False)
-        # train.steps_per_call: a Python loop, unrolled while tracing (no autograph, no
-        # tf.while_loop), so each step in it is the single step's graph, TFRA lookups and the
-        # prefetch's buffers included. One trace per call length.
-        self._compiled_steps = tf.function(steps, reduce_retracing=True, autograph=False)
-        self.prefetching = bool(self.cold_vars)
-        if self.prefetching:
-            self._compiled_ahead = tf.function(step_ahead, reduce_retracing=True, autograph=False)
-            self._compiled_steps_ahead = tf.function(steps_ahead, reduce_retracing=True, autograph=False)
-            self._prime = tf.function(prime, reduce_retracing=True, autograph=False)
-        self._primed = False
+        fn = steps_ahead if ahead else steps
+        fn.__name__ = f"gmeta_train_steps{'_ahead' if ahead else ''}_{tag}"
+        return tf.function(fn, reduce_retracing=True, autograph=False)
 
-    def step(self, batch: dict, next_batch: Optional[dict] = None) -> Dict[str, tf.Tensor]:
+    def hot_sync_due(self, step: int) -> bool:
+        """Whether step ``step`` (1-based) closes the hot window: every ``hot_sync_every``-th
+        step, from the step number alone, so every rank exchanges at the same steps."""
+        return step % self.hot_sync_every == 0
+
+    def step(self, batch: dict, next_batch: Optional[dict] = None, step: Optional[int] = None) -> Dict[str, tf.Tensor]:
         """Train on ``batch``. With prefetching tables, pass the batch the next call will train
         on as ``next_batch``: its cold rows are read during this step (without it, the next
-        call reads them first, off the overlap)."""
+        call reads them first, off the overlap). ``step``: the global step number (1-based; the
+        hot window's schedule), by default the count of calls."""
+        self._calls += 1
+        sync = self.hot_sync_due(step if step is not None else self._calls)
         if not self.prefetching:
-            return self._compiled(batch)
-        if not self._primed:
-            self._prime(batch)
-        try:
-            out = self._compiled_ahead(batch, next_batch if next_batch is not None else batch)
-        except Exception:
-            self._primed = False  # a failed step may leave the read-ahead half stored
-            raise
-        self._primed = next_batch is not None
+            out = (self._compiled if sync else self._compiled_local)(batch)
+        else:
+            compiled = self._compiled_ahead if sync else self._compiled_local
+            if not self._primed:
+                self._prime(batch)
+            try:
+                out = compiled(batch, next_batch if next_batch is not None else batch)
+            except Exception:
+                self._primed = False  # a failed step may leave the read-ahead half stored
+                raise
+            self._primed = next_batch is not None
+        if self.embeddings.hot is not None:
+            self.embeddings.hot.window_open = not sync
         return out
 
-    def steps(self, batches: Sequence[dict], next_batch: Optional[dict] = None) -> Dict[str, tf.Tensor]:
+    def steps(self, batches: Sequence[dict], next_batch: Optional[dict] = None,
+              first_step: Optional[int] = None) -> Dict[str, tf.Tensor]:
         """Train on ``batches`` in order in one compiled call (``train.steps_per_call``): the
         same as ``step`` on each batch in turn, without a return to Python between them. Returns
         ``loss`` and ``stop`` per step, ``[len(batches)]``. ``stop`` reads the vote set before
@@ -133,7 +163,8 @@ class TrainStep:
         if not batches:
             raise ValueError("TrainStep.steps needs at least one batch")
         if len(batches) == 1:
-            return {k: v[None] for k, v in self.step(batches[0], next_batch).items()}
+            return {k: v[None] for k, v in self.step(batches[0], next_batch, step=first_step).items()}
+        self._calls += len(batches)
         if not self.prefetching:
             return self._compiled_steps(batches)
         if not self._primed:
@@ -180,26 +211,26 @@ class TrainStep:
         if bool(self.stop_vote.numpy()) != stop:
             self.stop_vote.assign(float(stop))
 
-    def _apply(self, batch: dict):
+    def _apply(self, batch: dict, hot_sync: bool = True):
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
         *dense_grads, votes = self.sync.allreduce([*dense_grads, self.stop_vote.read_value()])
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
-        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads)
+        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads, hot_sync=hot_sync)
         return {"loss": loss, "stop": votes > 0.0}, done
 
-    def _step(self, batch: dict) -> Dict[str, tf.Tensor]:
+    def _step(self, batch: dict, hot_sync: bool = True) -> Dict[str, tf.Tensor]:
         """``loss``, and ``stop``: whether any rank voted to stop after this step (the mean of
         the votes over ranks is above 0), the same on every rank."""
-        out, _ = self._apply(batch)
+        out, _ = self._apply(batch, hot_sync)
         return out
 
-    def _step_ahead(self, batch: dict, next_batch: dict) -> Dict[str, tf.Tensor]:
+    def _step_ahead(self, batch: dict, next_batch: dict, hot_sync: bool = True) -> Dict[str, tf.Tensor]:
         """The step with prefetching tables: last step's cold writes, then the next batch's cold
         reads, go to the PS first; nothing of this batch's compute waits on them, so they run
         alongside it. The buffers are refilled (and patched with this step's updates) last."""
         self.embeddings.write_behind()
         ahead = self.embeddings.read_ahead(next_batch)
-        out, done = self._apply(batch)
+        out, done = self._apply(batch, hot_sync)
         self.embeddings.keep_ahead(ahead, done)
         return out
 

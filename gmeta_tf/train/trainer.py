@@ -196,6 +196,7 @@ def _share_start_state(rt: Runtime, built: Built) -> None:
         embeddings.load_hot()
     rt.sync.broadcast_variables(list(built.model.dense_variables.values()) + list(built.dense_opt.variables)
                                 + embeddings.replicated_state())
+    embeddings.start_hot_window()
 
 
 def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tracker: BestTracker,
@@ -284,10 +285,10 @@ def _train_call(rt: Runtime, built: Built, first: int, batches: List[dict],
     where = f"rank {rt.rank}, step {first}" if last == first else f"rank {rt.rank}, steps {first}-{last}"
     with built.model.embeddings.step_errors(where):
         if len(batches) == 1:
-            out = built.step_fn.step(batches[0], upcoming)
+            out = built.step_fn.step(batches[0], upcoming, step=first)
             losses, stop = [float(out["loss"])], bool(out["stop"])
         else:
-            out = built.step_fn.steps(batches, upcoming)
+            out = built.step_fn.steps(batches, upcoming, first_step=first)
             losses, stop = [float(x) for x in out["loss"].numpy()], bool(out["stop"].numpy()[-1])
     for i, loss in enumerate(losses):
         if not math.isfinite(loss):
@@ -310,8 +311,10 @@ def _preempted(rt: Runtime, watch: PreemptionWatch, step: int, path: Optional[st
 def _save_checkpoint(built: Built, rt: Runtime, step: int, meta: dict, files: Dict[str, str]) -> Optional[str]:
     """Every rank pauses while rank 0 exports the PS tables, so the checkpoint is one consistent
     state and not a mix of before and after other ranks' updates. Each rank first writes its
-    pending (write-behind) cold-row updates. Returns the path on rank 0."""
+    pending (write-behind) cold-row updates, after closing an open hot window
+    (``model.hot_sync_every``): what is saved is the synced replica. Returns the path on rank 0."""
     embeddings = built.model.embeddings
+    embeddings.sync_hot()
     embeddings.quiesce()
     rt.sync.barrier()
     path = None
@@ -324,7 +327,9 @@ def _save_checkpoint(built: Built, rt: Runtime, step: int, meta: dict, files: Di
 
 def _evict(built: Built, rt: Runtime, max_rows: Dict[str, int]) -> None:
     """Bound the tables of ``model.max_rows`` between steps: every rank's updates are on the PS
-    (quiesce, barrier) before rank 0 removes rows, and nobody steps until it is done."""
+    (an open hot window closed, quiesce, barrier) before rank 0 removes rows, and nobody steps
+    until it is done."""
+    built.model.embeddings.sync_hot()
     built.model.embeddings.quiesce()
     rt.sync.barrier()
     if rt.rank == 0:

@@ -26,7 +26,8 @@ from gmeta_tf.embedding.column_split import ColumnSplitTable
 from gmeta_tf.embedding.hot.auto import allreduce_bytes, decide, hot_touched, ps_payload
 from gmeta_tf.embedding.hot.prefetch import ColdPrefetch, read_rows
 from gmeta_tf.embedding.hot.select import HotSet, select_hot
-from gmeta_tf.embedding.hot.sync import HotGradSync, choose_mode
+from gmeta_tf.embedding.hot.stale import StaleWindow
+from gmeta_tf.embedding.hot.sync import HotGradSync, choose_mode, touched_slots
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.lookup import feature_ids
 from gmeta_tf.embedding.optimizers import LazyRowOptimizer
@@ -36,9 +37,14 @@ from gmeta_tf.plan.network import Link
 
 class HotRows:
     def __init__(self, tables: Sequence, hot_set: HotSet, sync, optimizer: str, lr: float,
-                 touched: Dict[str, float], prefetch: bool = True):
-        """``touched``: the distinct hot rows of each table a step is expected to touch
-        (``expected_touched``), which sizes each table's gradient exchange (``hot/sync.py``)."""
+                 touched: Dict[str, float], prefetch: bool = True, sync_every: int = 1):
+        """``touched``: the distinct hot rows of each table one exchange is expected to carry
+        (``expected_touched`` over a window of ``sync_every`` steps), which sizes each table's
+        gradient exchange (``hot/sync.py``). ``sync_every`` (``model.hot_sync_every``): 1 syncs
+        every step; k > 1 trains each replica locally and syncs every k steps (``hot/stale.py``)."""
+        if int(sync_every) < 1:
+            raise ValueError(f"hot rows: sync_every must be >= 1, got {sync_every!r}")
+        self.sync_every = int(sync_every)
         self.hot_set = hot_set
         self.prefetch = bool(prefetch)
         self.kind, self.lr = optimizer, float(lr)
@@ -64,6 +70,12 @@ class HotRows:
         self.opt = LazyRowOptimizer(optimizer, lr, {t.name: t.values for t in self.tables})
         self.grad_sync = HotGradSync(sync, {t.name: t.num_hot for t in self.tables},
                                      {t.name: t.dim for t in self.tables}, touched)
+        # k > 1: the window's anchors and accumulators; whether a window has steps not yet synced
+        # (the same on every rank: set by the step schedule, ``TrainStep.step``).
+        self.window = (StaleWindow({t.name: t.values for t in self.tables}, self.opt.slots)
+                       if self.sync_every > 1 else None)
+        self.window_open = False
+        self._sync_fn = None
 
     def attach(self, emb_opt, cold_together=lambda table: False) -> None:
         """Give every table with PS work a ``ColdPrefetch`` (``hot.prefetch``), but those whose
@@ -101,22 +113,62 @@ class HotRows:
         local-only tables (no PS work) nor of prefetched ones (``apply`` updates their cold rows)."""
         return [s for s in shadows if s.name not in self.own]
 
-    def apply(self, grads: List, emb_opt, cold_grads: List = ()) -> List:
+    def apply(self, grads: List, emb_opt, cold_grads: List = (), sync: bool = True) -> List:
         """Aggregate over ranks, then update. Call before the tables' own apply (it reads their
         step counters, which that apply increments; for a table with no TFRA apply, local-only
         or prefetched, the counter is advanced here, so Adam's bias correction and the
         checkpointed counter stay what the PS path has). Returns the prefetched tables' updates
-        (``store``'s patch)."""
+        (``store``'s patch). With ``sync_every > 1``, ``sync`` says whether this step closes the
+        window (``hot/stale.py``); otherwise each rank applies its own gradient and exchanges
+        nothing."""
         cold = dict(zip([t.name for t in self.prefetched], cold_grads))
         done = []
-        for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
-            iterations = emb_opt.for_shadow(table.base.shadow).iterations
-            self.opt.apply(table.values, table.name, slots, grad, iterations)
+        counters = {t.name: emb_opt.for_shadow(t.base.shadow).iterations for t in self.tables}
+        if self.window is None:  # every step: the exact path as it always was
+            for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
+                self.opt.apply(table.values, table.name, slots, grad, counters[table.name])
+        else:
+            for table, g in zip(self.tables, grads):
+                slots, grad = touched_slots(g, table.num_hot)
+                self.window.add(table.name, slots, grad)
+                if not sync:  # the rank's own step, undone at the sync (``StaleWindow.rewind``)
+                    self.opt.apply(table.values, table.name, slots, grad, counters[table.name])
+            if sync:
+                self.window.merge(self.names, self.grad_sync,
+                                  lambda t, rows, grad: self.opt.apply(self.values_of[t], t, rows, grad, counters[t]))
+        for table in self.tables:
             if table.prefetch is not None:
-                done.append(table.prefetch.update(cold[table.name], iterations))
+                done.append(table.prefetch.update(cold[table.name], counters[table.name]))
         for iterations in self.own.values():  # after every read above; once per TFRA table
             iterations.assign_add(1)
         return done
+
+    @property
+    def values_of(self) -> Dict[str, tf.Variable]:
+        return {t.name: t.values for t in self.tables}
+
+    def sync_now(self, emb_opt) -> bool:
+        """Close an open window between steps (every rank, at the same point: before a
+        checkpoint or an eviction), so what is saved is the synced replica. The one optimizer
+        step takes ``t`` = the window's last step: the counters, advanced by that step, less one
+        (``hot/stale.py``). Returns whether there was a window to close."""
+        if self.window is None or not self.window_open:
+            return False
+        if self._sync_fn is None:
+            def close():
+                counters = {t.name: emb_opt.for_shadow(t.base.shadow).iterations for t in self.tables}
+                self.window.merge(self.names, self.grad_sync, lambda t, rows, grad: self.opt.apply(
+                    self.values_of[t], t, rows, grad, counters[t].read_value() - 1))
+            self._sync_fn = tf.function(close, autograph=False)
+        self._sync_fn()
+        self.window_open = False
+        return True
+
+    def restart_window(self) -> None:
+        """Start a window from the rows as they are (after ``load`` and the start broadcast)."""
+        if self.window is not None:
+            self.window.restart()
+        self.window_open = False
 
     def fetch(self, batch, cat_names, multi_names) -> List:
         """Read ahead: ``batch``'s cold ids and their PS rows, per prefetched table."""
@@ -163,6 +215,7 @@ class HotRows:
             for name, var in self.opt.slots[table.name].items():
                 if name in fetched:
                     var.assign(fetched[name][0])
+        self.restart_window()
 
     def write_back(self, emb_opt) -> None:
         """Upsert hot values and slots into the canonical (PS) tables (after this rank's pending
@@ -227,12 +280,14 @@ def lookups_per_step(cfg, bounds: Dict[str, int]) -> Dict[str, float]:
             for t, b in bounds.items()}
 
 
-def expected_touched(cfg, profiles, hot_ids: Dict[str, np.ndarray], bounds: Dict[str, int]) -> Dict[str, float]:
-    """Distinct hot ids one step is expected to touch per table (``auto.hot_touched`` under the
-    profile; the bound for a table the profile lacks): what sizes the hot gradient exchange, for
-    the exchange itself (``HotRows``) and for ``model.hot_split: auto``'s cost of it."""
-    got = hot_touched(profiles, hot_ids, lookups_per_step(cfg, bounds))
-    return {t: got.get(t, float(b)) for t, b in bounds.items()}
+def expected_touched(cfg, profiles, hot_ids: Dict[str, np.ndarray], bounds: Dict[str, int],
+                     steps: int = 1) -> Dict[str, float]:
+    """Distinct hot ids ``steps`` steps (one sync window, ``model.hot_sync_every``) are expected
+    to touch per table (``auto.hot_touched`` under the profile; ``steps`` x the bound for a table
+    the profile lacks): what sizes the hot gradient exchange, for the exchange itself
+    (``HotRows``) and for ``model.hot_split: auto``'s cost of it."""
+    got = hot_touched(profiles, hot_ids, {t: n * steps for t, n in lookups_per_step(cfg, bounds).items()})
+    return {t: got.get(t, float(b) * steps) for t, b in bounds.items()}
 
 
 def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str, int], workers: int,
@@ -240,12 +295,13 @@ def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str
     """``model.hot_split: auto``'s verdict for this config, hot set and job (hot/auto.py); every
     rank computes the same from the same inputs. ``value_bytes``: a float's bytes on the wire."""
     sizes = {t: len(hot_set.ids.get(t, ())) for t in dims}
-    touched = expected_touched(cfg, profiles, hot_set.ids, bounds)
+    every = cfg.model.hot_sync_every  # one exchange per window, its bytes spread over its steps
+    touched = expected_touched(cfg, profiles, hot_set.ids, bounds, every)
     modes = {t: choose_mode(sizes[t], dims[t], touched[t], workers, value_bytes) for t in dims if sizes[t]}
     n = lookups_per_step(cfg, bounds)
     return decide(ps_payload(profiles, dims, n, value_bytes=value_bytes),
                   ps_payload(profiles, dims, n, hot_set.ids, hot_set.local_only, value_bytes),
-                  allreduce_bytes(modes, sizes, dims, touched, workers, value_bytes),
+                  allreduce_bytes(modes, sizes, dims, touched, workers, value_bytes) / every,
                   Link(cfg.cluster.link_rate_bit_s),
                   workers, max(len(cfg.cluster.ps), 1))
 
@@ -272,13 +328,18 @@ def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names:
         if sync.rank == 0:
             log(decision.format(cfg.cluster.link_rate))
         if not decision.on:
+            if sync.rank == 0 and cfg.model.hot_sync_every > 1:
+                log(f"model.hot_sync_every={cfg.model.hot_sync_every} has no effect: no hot tier")
             return None
     scale = sync.size if cfg.train.scale_lr else 1
+    every = cfg.model.hot_sync_every
     rows = HotRows(tables, hot_set, sync, cfg.train.embedding_optimizer,
-                   cfg.train.embedding_learning_rate * scale, expected_touched(cfg, profiles, hot_set.ids, bounds),
-                   prefetch=cfg.hot.prefetch)
+                   cfg.train.embedding_learning_rate * scale,
+                   expected_touched(cfg, profiles, hot_set.ids, bounds, every),
+                   prefetch=cfg.hot.prefetch, sync_every=every)
     if sync.rank == 0 and rows.skipped:
         log(f"hot split: {', '.join(rows.skipped)} stay wholly on the PS (column-split by cluster.placement)")
     if sync.rank == 0:
-        log("hot gradient exchange: " + ", ".join(f"{t} {m}" for t, m in rows.grad_sync.modes.items()))
+        log("hot gradient exchange" + (f" every {every} steps" if every > 1 else "") + ": "
+            + ", ".join(f"{t} {m}" for t, m in rows.grad_sync.modes.items()))
     return rows

@@ -1,5 +1,8 @@
 """Hot-row gradients: aggregated over all ranks every step, so every replica applies the same update.
 
+(With ``model.hot_sync_every: k > 1`` the same exchange carries a window's accumulated
+gradients once every k steps instead, sized by the rows a window touches: ``hot/stale.py``.)
+
 Each rank's gradient for a hot table is an ``IndexedSlices`` over the slots its batch touched
 (at most ``U = T·(S+Q)·ids per sample`` rows, usually far fewer than the ``K`` hot rows). Two
 ways to combine them, chosen **per table, once, from the bytes each would move** (every rank
