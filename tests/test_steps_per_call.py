@@ -281,5 +281,5 @@ def test_steps_per_call_with_a_stale_hot_tier_is_refused_naming_both_keys():
     from gmeta_tf.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="train.steps_per_call.*model.hot_sync_every 4"):
-        load_config("configs/quickstart.yaml", ["train.steps_per_call=4", "model.hot_sync_every=4"])
+        load_config("configs/quickstart.yaml", ["train.steps_per_call=4", "model.hot_sync_every=4", "hot.budget=1MiB"])
     assert load_config("configs/quickstart.yaml", ["train.steps_per_call=4"]).train.steps_per_call == 4
