@@ -123,6 +123,23 @@ def prepared_2500(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def id_profile_2500(prepared_2500, tmp_path_factory) -> Path:
+    """The id profile of ``prepared_2500`` (every sample), in a directory next to, not inside, the
+    shared data: what the hot split's tests read (``hot.profile``)."""
+    from gmeta_tf.data.id_profile import profile_ids, write_profile
+
+    out = tmp_path_factory.mktemp("hot_profile")
+    write_profile(out, profile_ids(prepared_2500), {"sample": 1.0})
+    return out
+
+
+@pytest.fixture(scope="session")
+def hot_profile(id_profile_2500) -> Path:
+    """``id_profile_2500``'s profile file (``hot.profile``)."""
+    return id_profile_2500 / "id_profile.npz"
+
+
+@pytest.fixture(scope="session")
 def prepared_kinds(tmp_path_factory):
     """Small prepared data sets of both label kinds (synthetic, 150 users each): ``{kind: dir}``."""
     from gmeta_tf.config.schema import PrepareConfig

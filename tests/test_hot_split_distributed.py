@@ -20,7 +20,7 @@ from cluster_helpers import (
 )
 
 from gmeta_tf.config.loader import load_config
-from gmeta_tf.data.id_profile import load_profile, profile_ids, write_profile
+from gmeta_tf.data.id_profile import load_profile
 from gmeta_tf.embedding.hot.rows import hot_digest
 from gmeta_tf.embedding.hot.select import select_hot
 from gmeta_tf.evaluation.evaluate import evaluate
@@ -37,10 +37,8 @@ STEPS = LAUNCH_LOCAL_STEPS  # the session's 2-worker run without the split is th
 
 
 @pytest.fixture(scope="module")
-def profile_dir(prepared_2500, tmp_path_factory):
-    out = tmp_path_factory.mktemp("hot_profile")  # next to, not inside, the shared fixture data
-    write_profile(out, profile_ids(prepared_2500), {"sample": 1.0})
-    return out
+def profile_dir(id_profile_2500):
+    return id_profile_2500
 
 
 def _launch(data_dir, run, *sets, steps=STEPS):

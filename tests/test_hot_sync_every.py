@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
+from test_hot_split_resume import _ckpt_tables
 
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import ConfigError, MetaConfig, ModelConfig, TrainConfig
-from gmeta_tf.data.id_profile import profile_ids, write_profile
+from gmeta_tf.data.id_profile import write_profile
 from gmeta_tf.embedding.hot.rows import HotRows
 from gmeta_tf.embedding.hot.select import HotSet
 from gmeta_tf.embedding.optimizers import row_update
@@ -180,44 +181,27 @@ def test_exchange_is_sized_by_the_rows_a_window_touches(tmp_path):
     assert modes[1]["item"] == modes[8]["item"] == "sparse"
 
 
-@pytest.fixture(scope="module")
-def profile(prepared_2500, tmp_path_factory):
-    out = tmp_path_factory.mktemp("hot_profile_sync_every")
-    write_profile(out, profile_ids(prepared_2500), {"sample": 1.0})
-    return out / "id_profile.npz"
-
-
-def _cfg(data, profile, steps, k):
+def _cfg(data, hot_profile, steps, k):
     return load_config("configs/quickstart.yaml", [
         f"data.path={data}", "data.tasks_per_batch=16", f"train.steps={steps}", "train.log_every=10",
-        "train.checkpoint_every=10", "hot.budget=1MiB", f"hot.profile={profile}", f"model.hot_sync_every={k}"])
-
-
-def _ckpt_tables(run):
-    ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
-    out = {}
-    for f in sorted((ckpt / "tables").glob("*.npz")):
-        data = np.load(f)
-        order = np.argsort(data["keys"])
-        out[f.name] = (data["keys"][order], data["values"][order])
-    return out
+        "train.checkpoint_every=10", "hot.budget=1MiB", f"hot.profile={hot_profile}", f"model.hot_sync_every={k}"])
 
 
 @pytest.mark.integration  # three trainings (60 steps) to checkpoints
-def test_checkpoint_between_syncs_syncs_first_and_resume_is_the_straight_run(prepared_2500, profile, tmp_path):
+def test_checkpoint_between_syncs_syncs_first_and_resume_is_the_straight_run(prepared_2500, hot_profile, tmp_path):
     """k = 4, checkpoints every 10 steps: 10, 30 fall inside a window (10 % 4 = 2), so each
     forces a sync. A run stopped at 10 and resumed to 30 equals the run straight to 30: the
     accumulators are not checkpointed, which is right only because the checkpoint synced."""
     straight = tmp_path / "straight"
-    s = train(_cfg(prepared_2500, profile, 30, 4), straight)
+    s = train(_cfg(prepared_2500, hot_profile, 30, 4), straight)
     losses = [h["loss"] for h in s["history"]]
     assert len(losses) == 3 and losses[-1] < losses[0], losses  # it trains
     r = json.loads((straight / "ranks" / "rank0.json").read_text())
     assert r["hot_rows"] > 0 and r["hot_ps_mismatches"] == 0
 
     resumed = tmp_path / "resumed"
-    train(_cfg(prepared_2500, profile, 10, 4), resumed)
-    s2 = train(_cfg(prepared_2500, profile, 30, 4), resumed)
+    train(_cfg(prepared_2500, hot_profile, 10, 4), resumed)
+    s2 = train(_cfg(prepared_2500, hot_profile, 30, 4), resumed)
     assert s2["start_step"] == 10
     assert [h["loss"] for h in s2["history"]] == pytest.approx(losses, rel=1e-6)
     assert json.loads((resumed / "ranks" / "rank0.json").read_text())["hot_digest"] == r["hot_digest"]
