@@ -194,13 +194,20 @@ for i in range(60):  # the end, said so that 30% loss cannot hide it (0.3^60)
     s.sendto(b"end", (sys.argv[1], 7002)); time.sleep(0.001)
 """
     recv = """
-import socket, sys
+import socket, struct, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 7002))
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22); s.settimeout(60)  # a slow sender start
-print("up", flush=True); n = 0
-while s.recv(16) == b"x":  # counted to the sender's end marker, not to a pause: a loaded box
-    n += 1                 # can stall the sender for seconds, and a pause is no end
-print(n)
+s.setsockopt(socket.SOL_SOCKET, 40, 1)  # SO_RXQ_OVFL: the socket's own drops (a full buffer)
+print("up", flush=True); n = dropped = 0
+while True:  # counted to the sender's end marker, not to a pause: a loaded box can stall it
+    data, anc, _, _ = s.recvmsg(16, socket.CMSG_SPACE(4))
+    for level, kind, value in anc:
+        if level == socket.SOL_SOCKET and kind == 40:
+            dropped = struct.unpack("I", value[:4])[0]
+    if data != b"x":
+        break
+    n += 1
+print(n, dropped)
 """
     with EmulatedNetwork(["a", "b"], parse_profile("rate=100mbit")) as net:
         net.set_loss("a", 0.3)
@@ -208,8 +215,10 @@ print(n)
                              stdout=subprocess.PIPE, text=True)
         assert r.stdout.readline().strip() == "up"
         subprocess.run(net.exec_argv("a", [sys.executable, "-c", code, net.address("b")]), check=True, timeout=60)
-        received = int(r.communicate(timeout=30)[0].strip())
-        assert 0.65 <= received / 3000 <= 0.75, received  # 30% dropped at a's end; sd ~0.8%
+        # what the link delivered: received, plus what the receiver's full buffer dropped on a
+        # loaded box (the kernel caps SO_RCVBUF; the full suite lost ~6% there, not on the link)
+        received, overflow = (int(x) for x in r.communicate(timeout=30)[0].split())
+        assert 0.65 <= (received + overflow) / 3000 <= 0.75, (received, overflow)  # 30% dropped at a's end; sd ~0.8%
         net.set_loss("a", 0.0)
         assert "bpf" not in subprocess.run(["tc", "-n", net.namespace("a"), "filter", "show", "dev", "eth0",
                                             "egress"], capture_output=True, text=True).stdout
