@@ -86,8 +86,9 @@ def _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=None):
                 cluster.env.update(env)
                 argv = _local_argv([*container["command"], *container.get("args", [])], mounts)
                 pods.append(cluster.spawn(f"{replica}-{i}", argv, prefix=f"{replica}{i}"))
-                if replica == "ps":
-                    wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", 120, pods[-1].proc)
+            if replica == "ps":  # every PS pod starts at once, as the operator starts them
+                for i in range(n_ps):
+                    wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", 120, pods[i].proc)
         workers = [p for p in pods if p.name.startswith("worker")]
         if fault is not None:
             fault(pods)
