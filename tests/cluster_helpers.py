@@ -19,9 +19,11 @@ from launch.local_cluster import LAUNCH_ID_ENV, LocalCluster, free_ports
 REPO = Path(__file__).resolve().parents[1]
 
 # The session's uninterrupted 2-worker + 2-PS quickstart run (conftest's ``launch_local_2w2ps``),
-# which test_distributed and test_tfjob_emulation compare against: its settings.
-LAUNCH_LOCAL_SETS = ["data.tasks_per_batch=16", "train.log_every=20", "train.checkpoint_every=40"]
-LAUNCH_LOCAL_STEPS = 150
+# which test_distributed, test_tfjob_emulation and test_hot_split_distributed compare against: its
+# settings. The fewest steps that still cross a fault and learn: checkpoints at 20 and 40 for a
+# kill to fall between, and a test AUC well above chance at the end.
+LAUNCH_LOCAL_SETS = ["data.tasks_per_batch=16", "train.log_every=20", "train.checkpoint_every=20"]
+LAUNCH_LOCAL_STEPS = 60
 GMETA = [sys.executable, "-m", "gmeta_tf.cli.main"]
 
 

@@ -223,3 +223,22 @@ def launch_local_2w2ps(prepared_2500, tmp_path_factory):
     root = once_per_session(tmp_path_factory, "launch_local_2w2ps", make)
     done = json.loads((root / "launch.json").read_text())
     return root / "run", done["stdout"], done["launch_id"]
+
+
+@pytest.fixture(scope="session")
+def launch_local_2w2ps_auc(launch_local_2w2ps, tmp_path_factory) -> float:
+    """The test-task AUC of ``launch_local_2w2ps``'s model (``evaluate``, once a session): the
+    number the tests that train the same settings another way compare theirs with."""
+    import json
+
+    from session_share import once_per_session
+
+    from gmeta_tf.evaluation.evaluate import evaluate
+    from gmeta_tf.train.trained_run import load_trained
+
+    def make(root: Path):
+        cfg, model, _ = load_trained(launch_local_2w2ps[0])
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "auc.json").write_text(json.dumps(evaluate(model, cfg, cfg.meta.algo)["auc"]))
+
+    return json.loads((once_per_session(tmp_path_factory, "launch_local_2w2ps_auc", make) / "auc.json").read_text())

@@ -49,13 +49,26 @@ def _ckpt(run: Path, step: int) -> Path:
     return run / "checkpoints" / f"ckpt-{step:08d}"
 
 
+@pytest.fixture(scope="module")
+def ten_steps(prepared_kinds, tmp_path_factory) -> Path:
+    """A bounded run stopped at step 10 (checkpointed there), trained once for the module: the
+    start the resume test continues (from a copy) and the warm start's "yesterday" checkpoint."""
+    from gmeta_tf.train.trainer import train
+
+    run = tmp_path_factory.mktemp("bounded") / "ten"
+    train(_cfg(prepared_kinds["click"], "train.steps=10"), run)
+    return run
+
+
 @pytest.mark.integration
-def test_the_table_stays_bounded_slots_follow_and_the_resume_is_exact(prepared_kinds, tmp_path):
+def test_the_table_stays_bounded_slots_follow_and_the_resume_is_exact(prepared_kinds, ten_steps, tmp_path):
+    import shutil
+
     from gmeta_tf.train.trainer import train
 
     data = prepared_kinds["click"]
     whole = train(_cfg(data, "train.steps=30"), tmp_path / "whole")
-    train(_cfg(data, "train.steps=10"), tmp_path / "resumed")
+    shutil.copytree(ten_steps, tmp_path / "resumed")  # the first 10 steps, as a run of its own
     resumed = train(_cfg(data, "train.steps=30"), tmp_path / "resumed")
     assert resumed["start_step"] == 10
 
@@ -84,7 +97,7 @@ def test_the_table_stays_bounded_slots_follow_and_the_resume_is_exact(prepared_k
 
 
 @pytest.mark.integration
-def test_two_workers_two_ps_warm_start_and_stay_bounded(prepared_kinds, tmp_path):
+def test_two_workers_two_ps_warm_start_and_stay_bounded(prepared_kinds, ten_steps, tmp_path):
     """Real PS processes and ``horovodrun -np 2`` (``gmeta launch local``): the warm start refills
     the PS tables from an embedded run's checkpoint, rank 0 evicts between steps while the other
     rank waits, and both ranks end with the same dense weights."""
@@ -92,14 +105,12 @@ def test_two_workers_two_ps_warm_start_and_stay_bounded(prepared_kinds, tmp_path
 
     from cluster_helpers import LAUNCH_ID_ENV, processes_with_env, rank_summaries, run_gmeta
 
-    from gmeta_tf.train.trainer import train
-
     data = prepared_kinds["click"]
-    train(_cfg(data, "train.steps=10"), tmp_path / "yesterday")
+    yesterday = ten_steps  # an embedded run's checkpoint at step 10 (read only here)
     run, launch_id = tmp_path / "dist", uuid.uuid4().hex
     sets = [*SETS, f"model.max_rows.item_id={MAX_ROWS}", "train.checkpoint_every=15"]
     args = ["--config", "configs/quickstart.yaml", "--data", str(data), "--out", str(run), "--steps", "30",
-            "--warm-start", str(tmp_path / "yesterday")]
+            "--warm-start", str(yesterday)]
     for s in sets:
         args += ["--set", s]
     r = run_gmeta(["launch", "local", "--workers", "2", "--ps", "2", "--timeout", "500", *args],
@@ -111,7 +122,7 @@ def test_two_workers_two_ps_warm_start_and_stay_bounded(prepared_kinds, tmp_path
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["warm_start"]["checkpoint"].endswith("ckpt-00000010")
     assert sum(summary["table_rows_per_ps"]["item_id"]) <= MAX_ROWS
-    old, _ = read_table(str(_ckpt(tmp_path / "yesterday", 10)), "item_id")
+    old, _ = read_table(str(_ckpt(yesterday, 10)), "item_id")
     for step in (15, 30):
         keys, _ = read_table(str(_ckpt(run, step)), "item_id")
         assert len(keys) <= MAX_ROWS

@@ -202,19 +202,27 @@ RUN = ["train.steps=16", "train.log_every=4", "train.checkpoint_every=8", "train
        "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]", "eval.max_tasks=20"]
 
 
-@pytest.mark.integration  # two short trainings (~15 s on 2 cores)
-def test_a_run_in_calls_logs_validates_and_checkpoints_the_same_steps(prepared_kinds, tmp_path):
+@pytest.fixture(scope="module")
+def runs_in_calls(prepared_kinds, tmp_path_factory):
+    """``RUN`` trained straight through in one and in three steps a call, once for the module:
+    ``{k: (summary, [(validated step, auc)], checkpoint names)}``. The three-step run is also
+    the uninterrupted reference the preempted run's resume must reach bit for bit."""
     from gmeta_tf.train.trainer import train
 
-    data = prepared_kinds["click"]
+    data, root = prepared_kinds["click"], tmp_path_factory.mktemp("calls")
     runs = {}
     for k in (1, 3):
         seen = []
         summary = train(load_config(None, [f"data.path={data}", *RUN, f"train.steps_per_call={k}"]),
-                        tmp_path / f"k{k}", on_validation=lambda step, m: seen.append((step, m["auc"])))
-        ckpts = sorted(p.name for p in (tmp_path / f"k{k}" / "checkpoints").glob("ckpt-*"))
+                        root / f"k{k}", on_validation=lambda step, m: seen.append((step, m["auc"])))
+        ckpts = sorted(p.name for p in (root / f"k{k}" / "checkpoints").glob("ckpt-*"))
         runs[k] = (summary, seen, ckpts)
-    (s1, v1, c1), (s3, v3, c3) = runs[1], runs[3]
+    return runs
+
+
+@pytest.mark.integration  # two short trainings (~15 s on 2 cores)
+def test_a_run_in_calls_logs_validates_and_checkpoints_the_same_steps(runs_in_calls):
+    (s1, v1, c1), (s3, v3, c3) = runs_in_calls[1], runs_in_calls[3]
     assert [h["step"] for h in s3["history"]] == [h["step"] for h in s1["history"]] == [4, 8, 12, 16]
     np.testing.assert_allclose([h["loss"] for h in s3["history"]], [h["loss"] for h in s1["history"]], rtol=1e-5)
     assert [s for s, _ in v3] == [s for s, _ in v1] == [8, 16]
@@ -245,22 +253,21 @@ _PREEMPTED_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.faults
-@pytest.mark.integration  # three short trainings, two in real processes (~45 s on 2 cores)
+@pytest.mark.integration  # two short trainings in real processes, against the module's straight run
 def test_sigterm_during_a_validation_stops_at_the_end_of_the_call_and_resumes_to_the_same_weights(
-        prepared_kinds, tmp_path):
-    from gmeta_tf.train.trainer import train
-
-    sets = [f"data.path={prepared_kinds['click']}", *RUN, "train.steps=24", "train.log_every=12",
-            "train.checkpoint_every=1000", "train.steps_per_call=4"]
+        prepared_kinds, runs_in_calls, tmp_path):
+    # ``runs_in_calls``' three-step run: calls 1-3, 4, 5-7, 8, 9-11, 12, 13-15, 16 (each ends
+    # where a step logs, validates or checkpoints; a call is three steps at most)
+    sets = [f"data.path={prepared_kinds['click']}", *RUN, "train.steps_per_call=3"]
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-c", _PREEMPTED_SCRIPT, str(run), *sets], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == EXIT_PREEMPTED, out[-3000:]
     done = sorted(int(p.name[5:13]) for p in (run / "checkpoints").glob("ckpt-*") if (p / "meta.json").exists())
-    # step 8's checkpoint (its validation is the best so far), then the end of a call: the next
-    # one (9-12) when the vote was raised before it started, else the one after (13-16)
-    assert done[0] == 8 and done[1:] in ([12], [16]), (done, out[-3000:])
+    # step 8's checkpoint, then the end of a call: the next one (9-11, three steps, not its first
+    # step 9) when the vote was raised before it started, else the one after (12)
+    assert done[0] == 8 and done[1:] in ([11], [12]), (done, out[-3000:])
     assert f"checkpointed step {done[-1]}" in out and "SIGTERM" in out, out[-3000:]
 
     resumed = subprocess.run([sys.executable, "-m", "gmeta_tf.cli.main", "train", "--out", str(run),
@@ -269,7 +276,8 @@ def test_sigterm_during_a_validation_stops_at_the_end_of_the_call_and_resumes_to
                              cwd=REPO, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     assert f"at step {done[-1]}" in resumed.stdout + resumed.stderr
-    straight = train(load_config(None, sets), tmp_path / "straight")
+    straight = runs_in_calls[3][0]
+    assert straight["last_step"] == 16
     assert json.loads((run / "train_summary.json").read_text())["dense_digest"] == straight["dense_digest"]
 
 

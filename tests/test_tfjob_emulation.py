@@ -86,8 +86,9 @@ def _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=None):
                 cluster.env.update(env)
                 argv = _local_argv([*container["command"], *container.get("args", [])], mounts)
                 pods.append(cluster.spawn(f"{replica}-{i}", argv, prefix=f"{replica}{i}"))
-                if replica == "ps":
-                    wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", 120, pods[-1].proc)
+            if replica == "ps":  # every PS pod starts at once, as the operator starts them
+                for i in range(n_ps):
+                    wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", 120, pods[i].proc)
         workers = [p for p in pods if p.name.startswith("worker")]
         if fault is not None:
             fault(pods)
@@ -109,7 +110,7 @@ def _comparable(cfg) -> dict:
     return out
 
 
-def test_rendered_tfjob_trains_like_launch_local(data_dir, tmp_path, launch_local_2w2ps):
+def test_rendered_tfjob_trains_like_launch_local(data_dir, tmp_path, launch_local_2w2ps, launch_local_2w2ps_auc):
     """The rendered job against the session's `gmeta launch local` run of the same config
     (tests/conftest.py), checked to be the same config before their models are compared."""
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", f"train.steps={LAUNCH_LOCAL_STEPS}",
@@ -127,7 +128,9 @@ def test_rendered_tfjob_trains_like_launch_local(data_dir, tmp_path, launch_loca
 
     local = launch_local_2w2ps[0]
     assert _comparable(load_config(str(conf_dir / "config.yaml"))) == _comparable(load_config(str(local / CONFIG_FILE)))
-    assert abs(_auc(run_dir) - _auc(local)) <= AUC_TOLERANCE
+    auc_job, auc_local = _auc(run_dir), launch_local_2w2ps_auc  # local's, evaluated once a session
+    print(f"test AUC of the TFJob {auc_job:.4f}, of launch local {auc_local:.4f}")  # shown with -s
+    assert abs(auc_job - auc_local) <= AUC_TOLERANCE, (auc_job, auc_local)
 
 
 def test_rendered_tfjob_with_checkpoint_uri_writes_and_resumes_there(data_dir, tmp_path):
@@ -139,9 +142,9 @@ def test_rendered_tfjob_with_checkpoint_uri_writes_and_resumes_there(data_dir, t
     from gmeta_tf import storage
 
     uri = f"file://{tmp_path}/bucket/runs/emu-uri"
-    cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.steps=40",
-                                                  "train.checkpoint_every=20", "data.tasks_per_batch=8",
-                                                  "train.log_every=20"])
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.steps=20",
+                                                  "train.checkpoint_every=10", "data.tasks_per_batch=8",
+                                                  "train.log_every=10"])
     configmap, tfjob = render_manifests(cfg, image="gmeta-tf:test", workers=2, ps=1, gpus_per_worker=0,
                                         name="emu-uri", checkpoint_uri=uri, data=str(data_dir))
     validate_tfjob(tfjob)
@@ -151,16 +154,16 @@ def test_rendered_tfjob_with_checkpoint_uri_writes_and_resumes_there(data_dir, t
     mounts = {"/etc/gmeta": str(tmp_path / "etc-gmeta")}
     codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts)
     assert codes == [0, 0], lines[-4000:]
-    assert storage.listdir(storage.join(uri, "checkpoints")) == ["ckpt-00000020", "ckpt-00000040", "latest"]
+    assert storage.listdir(storage.join(uri, "checkpoints")) == ["ckpt-00000010", "ckpt-00000020", "latest"]
     ranks = rank_summaries(Path(storage.local_path(uri)))
-    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"] and ranks[0]["steps"] == 40
+    assert ranks[0]["dense_digest"] == ranks[1]["dense_digest"] and ranks[0]["steps"] == 20
     _, model, _ = load_trained(uri)
     assert all(t.size() > 0 for t in model.tables)  # the PS tables were exported into the bucket
 
     codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts)
     assert codes == [0, 0], lines[-4000:]
-    assert "resumed from" in lines and "at step 40" in lines
-    assert rank_summaries(Path(storage.local_path(uri)))[0]["start_step"] == 40
+    assert "resumed from" in lines and "at step 20" in lines
+    assert rank_summaries(Path(storage.local_path(uri)))[0]["start_step"] == 20
 
 
 def test_a_lost_ps_pod_exits_retryable_and_the_restarted_pods_resume(data_dir, tmp_path):
@@ -194,11 +197,11 @@ def test_a_lost_ps_pod_exits_retryable_and_the_restarted_pods_resume(data_dir, t
     assert "lost ps:0" in lines, lines[-4000:]
     done = max(int(p.name[5:13]) for p in (run_dir / "checkpoints").glob("ckpt-*") if (p / "meta.json").exists())
     # the operator's restart: the same pods again (a PS with no tables), the same run directory
-    configmap["data"]["config.yaml"] = configmap["data"]["config.yaml"].replace("steps: 2000", f"steps: {done + 20}")
+    configmap["data"]["config.yaml"] = configmap["data"]["config.yaml"].replace("steps: 2000", f"steps: {done + 4}")
     codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts)
     assert codes == [0, 0], lines[-4000:]
     assert f"at step {done}" in lines, lines[-4000:]
-    assert rank_summaries(run_dir)[0]["last_step"] == done + 20
+    assert rank_summaries(run_dir)[0]["last_step"] == done + 4
 
 
 def test_entrypoint_rejects_missing_or_bad_tf_config(tmp_path):
