@@ -318,12 +318,23 @@ class LocalCluster:
             child.proc.wait()
 
     def teardown(self) -> None:
-        for child in reversed(self.children):  # workers first, then the PS
+        self._end(list(reversed(self.children)))  # workers first, then the PS
+
+    def teardown_workers(self) -> None:
+        """End every process but the PS, and forget them and their exits: the cluster's PS serve
+        the next set of workers (a restart after a lost worker, ``launch/supervisor.py``)."""
+        workers = [c for c in reversed(self.children) if c not in self.ps_children()]
+        self._end(workers)
+        self.children = [c for c in self.children if c not in workers]
+        self.exit_order, self.first_failure_at = [], None
+
+    def _end(self, children: List[Child]) -> None:
+        for child in children:
             self._stop(child)
             try:
                 os.killpg(child.proc.pid, signal.SIGKILL)  # anything the child left in its group
             except (ProcessLookupError, PermissionError):
                 pass
-        for child in self.children:
+        for child in children:
             if child.thread is not None:
                 child.thread.join(timeout=2)

@@ -129,6 +129,16 @@ def _failure(cluster: LocalCluster, code: int, timeout_s: Optional[float]) -> Op
     return Failure(problems, first_code, job, timed_out=code == 124, failed_at=failed_at)
 
 
+def _workers_only(cluster: LocalCluster, failure: Failure) -> bool:
+    """A restart may keep the PS when every PS still runs and the fault was a worker's: a restore
+    clears and refills every table and slot on the PS (``embedding/table_files.restore_tables``),
+    so nothing the lost step left there survives into the resumed run. A PS of an emulated
+    network is restarted all the same (its host's faults are scheduled per cluster)."""
+    if type(cluster) is not LocalCluster or not cluster.ps_children():
+        return False
+    return all(c.proc.poll() is None for c in cluster.ps_children()) and not failure.timed_out
+
+
 def _stop_outcome(cluster: LocalCluster, workers: int) -> str:
     """What the ranks did with a stop request, from their records."""
     records = cluster.rank_records()
@@ -240,14 +250,21 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
     """The restart loop of ``launch_local``, whatever kind of cluster ``make_cluster`` makes."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     history: List[Restart] = []
+    cluster: Optional[LocalCluster] = None  # kept across a restart when only workers were lost
     with StopSignals() as signals:
         try:
             while True:
                 mark(history, "relaunched")
-                cluster = make_cluster({RESTARTS_ENV: encode(history)} if history else None)
-                cluster.watch_stops(signals, grace_s, status_dir)
+                if cluster is None:
+                    cluster = make_cluster({RESTARTS_ENV: encode(history)} if history else None)
+                    cluster.watch_stops(signals, grace_s, status_dir)
+                    new_ps = bool(ps)
+                else:
+                    cluster.env[RESTARTS_ENV] = encode(history)
+                    new_ps = False
+                keep_ps = False
                 try:
-                    if ps:
+                    if new_ps:
                         cluster.start_ps(ps, ps_ready_timeout_s)
                         if history:
                             mark(history, "ps_ready")
@@ -260,8 +277,13 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
                     failure = _failure(cluster, code, timeout_s)
                     step = cluster.last_step_seen()
                     outcome = _stop_outcome(cluster, workers) if signals.received else ""
+                    keep_ps = (failure is not None and not signals.received and len(history) < restarts.max_restarts
+                               and _workers_only(cluster, failure))
                 finally:
-                    cluster.teardown()
+                    if keep_ps:
+                        cluster.teardown_workers()
+                    else:
+                        cluster.teardown()
                 if signals.received:
                     log(f"[launch] stopped by {exit_codes.signal_name(signals.first)}: {outcome}")
                     return exit_codes.signal_exit(signals.first)
@@ -270,6 +292,8 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
                 if failure.timed_out or len(history) >= restarts.max_restarts:
                     raise JobFailed("launch failed: " + "; ".join(failure.problems)
                                     + (f" (after {len(history)} restart(s))" if history else ""), failure.job_code)
+                if not keep_ps:
+                    cluster = None
                 attempt = len(history) + 1
                 wait = restarts.backoff(attempt)
                 history.append(Restart(attempt, failure.cause, failure.exit_code, step,
@@ -279,8 +303,13 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
                 log(f"[launch] restart {attempt}/{restarts.max_restarts}: {failure.cause}"
                     + (f" (exit code {failure.exit_code})" if failure.exit_code is not None else "")
                     + (f" at step {step}" if step is not None else "")
-                    + f"; a new cluster in {wait:g} s resumes from the latest complete checkpoint")
+                    + f"; {'new workers' if keep_ps else 'a new cluster'} in {wait:g} s, resuming from the "
+                      "latest complete checkpoint" + (" (the PS kept: a restore replaces all they hold)"
+                                                      if keep_ps else ""))
                 _backoff(wait, signals)
-        except LaunchStopped:  # the cluster's teardown has run
+        except LaunchStopped:
             log("[launch] interrupted: stopped every process")
             raise
+        finally:
+            if cluster is not None:  # the PS kept for a restart the launch did not get to (idempotent)
+                cluster.teardown()

@@ -155,6 +155,27 @@ def test_killed_ps_restarts_the_cluster_and_resumes_to_the_same_model(tiny_data,
     _assert_same_model(run, reference_run)
 
 
+def test_a_killed_worker_restarts_on_the_same_ps_and_resumes_to_the_same_model(tiny_data, tmp_path, no_orphans,
+                                                                            reference_run):
+    """A lost worker leaves the PS running and they are kept (no PS start in the recovery). The
+    worker is killed five steps past its checkpoint, so the PS hold rows and slots the resumed
+    run must not see: the restore replaces them, and the model ends where the reference does."""
+    run = tmp_path / "run"
+    proc = _spawn(one_worker_argv(tiny_data, run, restarts=1, steps=STEPS), pause_at=25)
+    rank0 = _wait_frozen(lambda: _rank_pids(no_orphans, 0), proc, what="rank 0 to freeze after step 25")
+    ps_before = [p for p in project_processes(no_orphans) if b"ps serve" in _cmd(p)]
+    assert _complete_steps(run) == [10, 20] and len(ps_before) == 1, _output(proc)[-2000:]
+    os.kill(rank0, signal.SIGKILL)
+    code, out = _finish(proc, timeout=400)
+    assert code == 0, out[-3000:]
+    assert "restart 1/1: worker rank 0 failed (killed by SIGKILL)" in out and "(the PS kept" in out, out[-3000:]
+    (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
+    assert restart["resumed_from_step"] == 20 and restart["steps_redone"] <= 5, restart  # a lower bound
+    assert "ps_ready" not in restart["timeline_s"], restart  # no PS was started for the restart
+    _assert_all_complete(run)
+    _assert_same_model(run, reference_run)
+
+
 # -- 3. SIGTERM to one of two workers: both agree on one step; the restart redoes none --------------
 def test_sigterm_to_one_worker_makes_both_checkpoint_one_step(tiny_data, tmp_path, no_orphans):
     run = tmp_path / "run"
@@ -195,7 +216,8 @@ def test_killed_worker_restarts_the_cluster(tiny_data, tmp_path, no_orphans):
     # where the recovery went: every moment, launcher's and rank 0's, in the order they happen
     from gmeta_tf.train.restarts import MOMENTS
     timeline = restart["timeline_s"]
-    assert list(timeline) == list(MOMENTS) and list(timeline.values()) == sorted(timeline.values()), timeline
+    assert list(timeline) == [m for m in MOMENTS if m != "ps_ready"], timeline  # the PS kept: none started
+    assert list(timeline.values()) == sorted(timeline.values()), timeline
     assert timeline["first_step"] == pytest.approx(restart["recovery_s"], abs=0.01) and timeline["workers_exited"] >= 0
     ranks = [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))]
     assert [r["last_step"] for r in ranks] == [STEPS, STEPS]
