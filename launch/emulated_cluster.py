@@ -27,6 +27,10 @@ from launch.network.netns import EmulatedNetwork
 
 
 class EmulatedCluster(LocalCluster):
+    # Network faults are scheduled per cluster (``pending``) and a host's namespace is rebuilt
+    # with it: a restart starts every host again, PS included.
+    keeps_ps_across_restarts = False
+
     def __init__(self, net: EmulatedNetwork, log: Callable[[str], None] = print,
                  env: Optional[Dict[str, str]] = None, grace_s: float = 10.0,
                  faults: Sequence[NetworkFault] = (), python: str = sys.executable):

@@ -99,6 +99,10 @@ class Child:
 
 
 class LocalCluster:
+    # Whether a restart after a lost worker may keep this cluster's PS (launch/supervisor.py):
+    # true where the PS are plain local processes; an emulated network's hosts are not.
+    keeps_ps_across_restarts = True
+
     def __init__(self, log: Callable[[str], None] = print, env: Optional[Dict[str, str]] = None,
                  grace_s: float = 10.0):
         self.log = log

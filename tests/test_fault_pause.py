@@ -24,6 +24,16 @@ def test_unset_is_no_pause_and_values_parse_to_step_and_rank():
     assert one == PausePoint(20, 1) and one.due(20, 1) and not one.due(20, 0)
 
 
+def test_a_restarted_rank_does_not_pause_again():
+    """The launcher restarts ranks with the environment the first attempt had: a pause past the
+    last checkpoint would freeze the resumed rank when it redoes that step (issue 42's kept-PS
+    restart looked hung for exactly this reason)."""
+    from gmeta_tf.train.restarts import RESTARTS_ENV
+
+    assert pause_point({PAUSE_ENV: "25", RESTARTS_ENV: "[]"}) is not None  # no restart recorded yet
+    assert pause_point({PAUSE_ENV: "25", RESTARTS_ENV: '[{"attempt": 1}]'}) is None
+
+
 @pytest.mark.parametrize("raw", ["x", "20:", "20:a", "0", "5:-1", "1.5"])
 def test_a_bad_value_names_the_variable(raw):
     with pytest.raises(UserError, match=PAUSE_ENV):

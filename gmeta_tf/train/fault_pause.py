@@ -8,6 +8,10 @@ margin, and the test can then kill it, kill its PS, or signal it and let it go o
 Like ``--network-fault HOST:KIND=VALUE@STEP``, the trigger is a step, never a time.
 
 ``GMETA_PAUSE_AT_STEP=N`` freezes every rank after step N; ``N:R`` only rank R. Unset: nothing.
+The trigger fires in a job's first attempt only: a rank that ``gmeta launch local`` restarted
+(``GMETA_RESTARTS`` set, train/restarts.py) inherits the launcher's environment, and a fault
+placed past the last checkpoint would otherwise freeze the resumed rank again when it redoes
+that step, which reads as a hang of the restarted job.
 With ``train.steps_per_call`` > 1, step N ends a call on every rank (``train/step_calls.py``), so
 the freeze is still exactly after step N.
 """
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from gmeta_tf.errors import UserError
+from gmeta_tf.train.restarts import from_env
 
 PAUSE_ENV = "GMETA_PAUSE_AT_STEP"
 
@@ -35,7 +40,7 @@ class PausePoint:
 def pause_point(env: Mapping[str, str] = os.environ) -> Optional[PausePoint]:
     """The pause ``GMETA_PAUSE_AT_STEP`` asks for; a malformed value is an error naming it."""
     raw = env.get(PAUSE_ENV, "").strip()
-    if not raw:
+    if not raw or from_env(env):
         return None
     step, colon, rank = raw.partition(":")
     try:
