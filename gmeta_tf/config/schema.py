@@ -161,6 +161,8 @@ class DataConfig:
 # ``model.fuse_tables``' values, checked here only (``ModelConfig``); ``fused.resolve`` decides ``auto``.
 FUSE_TABLES = ("auto", True, False)
 HOT_SPLIT = ("auto", True, False)
+# ``hot.select``'s values, checked here only (``HotConfig``); ``hot/rows.py`` resolves ``auto``.
+HOT_SELECT = ("auto", "bytes", "count")
 # ``cluster.wire_dtype``'s values, checked here only (``ClusterConfig``); ``embedding/wire.py`` casts.
 WIRE_DTYPES = ("float32", "bfloat16")
 
@@ -228,8 +230,9 @@ class ModelConfig:
     # The hot/cold split (``hot.budget`` sizes it). ``true``: as ``hot.budget`` says (0: off);
     # ``false``: off whatever the budget; ``auto``: on only where the network cost model
     # (gmeta_tf/embedding/hot/auto.py) predicts a faster step with it than without, given
-    # ``cluster.link_rate``; the log says which and why. Without a link rate bytes are free,
-    # and ``auto`` keeps the split off (make bench: 0.88x on loopback).
+    # ``cluster.link_rate``; the log says which and why, in ms and in link bytes. Without a link
+    # rate bytes are free, and ``auto`` keeps the split off (make bench: 0.88x on loopback). Under
+    # ``auto`` only rows that save link bytes are hot (``hot.select``); none: off.
     hot_split: Union[bool, Literal["auto"]] = True
     # How often the hot tier's replicas sync (gmeta_tf/embedding/hot/stale.py). ``1``: every
     # step, each rank applying the mean gradient over ranks (exact, the behaviour before this
@@ -517,10 +520,18 @@ class HotConfig:
     # the next (embedding/hot/prefetch.py): PS round-trips overlap compute. Exact for one worker; across
     # workers, others' updates arrive up to one step later. Off: cold rows take TFRA's shadow path.
     prefetch: bool = True
+    # Which rows may be hot (gmeta_tf/embedding/hot/by_bytes.py). ``count``: the most looked-up
+    # rows the budget holds. ``bytes``: only rows whose expected touches save more link bytes as
+    # hot rows than their sync costs (for the job's worker count, ``model.hot_sync_every`` and
+    # ``cluster.wire_dtype``), then the most looked-up of those the budget holds. ``auto``:
+    # ``bytes`` under ``model.hot_split: auto``, ``count`` otherwise (the behaviour before this key).
+    select: str = "auto"
 
     def __post_init__(self) -> None:
         parse_bytes(self.budget, "hot.budget")
         _require(self.min_count >= 1, "hot.min_count", f"must be >= 1, got {self.min_count}")
+        _require(self.select in HOT_SELECT, "hot.select",
+                 f"must be one of {', '.join(HOT_SELECT)}, got {self.select!r}")
 
     @property
     def budget_bytes(self) -> int:

@@ -23,6 +23,13 @@ saves dominate. The decision compares two predicted worker steps, per worker:
 
 Without a link rate (``cluster.link_rate`` unset: loopback) bytes cost nothing and only the
 overhead is left, so ``auto`` keeps the split off there.
+
+Under ``auto`` the hot set itself is chosen by bytes (``hot.select: auto`` -> ``bytes``,
+``hot/by_bytes.py``): only rows that save more link bytes than their sync costs are hot, so the
+verdict is off when no row pays (``hot_rows = 0``), whatever the link. The verdict states its
+bytes: per worker step on the worker's link, sent plus received, ``PS payload`` without the
+split against ``PS payload of the cold rows + 2 x the hot exchange`` with it (the exchange
+receives what it sends), and how many rows are hot.
 """
 from __future__ import annotations
 
@@ -49,14 +56,28 @@ class SplitDecision:
     step_ms_on: float
     ps_bytes_off: float  # payload per worker step
     ps_bytes_on: float
-    allreduce_bytes: float
+    allreduce_bytes: float  # what a worker sends in the hot exchange, per step
+    hot_rows: Optional[int] = None  # rows the split would keep hot (None: not counted)
+
+    @property
+    def link_bytes_off(self) -> float:
+        """Bytes per worker step on its link without the split (sent + received)."""
+        return self.ps_bytes_off
+
+    @property
+    def link_bytes_on(self) -> float:
+        """With it: the cold rows' PS payload plus the hot exchange, sent and received."""
+        return self.ps_bytes_on + 2.0 * self.allreduce_bytes
 
     def format(self, rate: Optional[str]) -> str:
         link = f"link {rate}" if rate else "no link rate (loopback: bytes are free)"
         verdict = "on" if self.on else "off"
-        return (f"hot split auto: {verdict} ({link}; predicted step {self.step_ms_on:.1f} ms with the split vs "
-                f"{self.step_ms_off:.1f} ms without; PS payload {self.ps_bytes_on:,.0f} vs {self.ps_bytes_off:,.0f} "
-                f"B/step, hot all-reduce {self.allreduce_bytes:,.0f} B/step)")
+        rows = "" if self.hot_rows is None else f", {self.hot_rows:,} rows hot"
+        nothing = "; no row saves bytes as a hot row" if self.hot_rows == 0 else ""
+        return (f"hot split auto: {verdict} ({link}{nothing}; predicted step {self.step_ms_on:.1f} ms with the split "
+                f"vs {self.step_ms_off:.1f} ms without; PS payload {self.ps_bytes_on:,.0f} vs "
+                f"{self.ps_bytes_off:,.0f} B/step, hot all-reduce {self.allreduce_bytes:,.0f} B/step; link bytes per "
+                f"worker step {self.link_bytes_on:,.0f} with the split vs {self.link_bytes_off:,.0f} without{rows})")
 
 
 def expected_distinct(counts: np.ndarray, lookups: int, n: float, tail: Optional[float] = None) -> float:
@@ -94,8 +115,10 @@ def ps_payload(profiles: Mapping, dims: Mapping[str, int], lookups_per_step: Map
 
 
 def decide(ps_bytes_off: float, ps_bytes_on: float, allreduce_bytes: float, link: Link, workers: int, ps: int,
-           compute_ms: float = COMPUTE_MS, overhead: float = SPLIT_OVERHEAD) -> SplitDecision:
-    """Predicted steps with and without the split; on where it is faster (ties: off)."""
+           compute_ms: float = COMPUTE_MS, overhead: float = SPLIT_OVERHEAD,
+           hot_rows: Optional[int] = None) -> SplitDecision:
+    """Predicted steps with and without the split; on where it is faster (ties: off) and, with
+    ``hot_rows`` given, where there is a hot row at all."""
     share = workers / max(ps, 1)  # workers' traffic each PS link carries
 
     def link_ms(ps_bytes: float, allreduce: float) -> float:
@@ -103,8 +126,9 @@ def decide(ps_bytes_off: float, ps_bytes_on: float, allreduce_bytes: float, link
 
     off = compute_ms + link_ms(ps_bytes_off, 0.0)
     on = compute_ms * (1.0 + overhead) + link_ms(ps_bytes_on, allreduce_bytes)
-    return SplitDecision(on=on < off and math.isfinite(on), step_ms_off=off, step_ms_on=on,
-                         ps_bytes_off=ps_bytes_off, ps_bytes_on=ps_bytes_on, allreduce_bytes=allreduce_bytes)
+    return SplitDecision(on=on < off and math.isfinite(on) and hot_rows != 0, step_ms_off=off, step_ms_on=on,
+                         ps_bytes_off=ps_bytes_off, ps_bytes_on=ps_bytes_on, allreduce_bytes=allreduce_bytes,
+                         hot_rows=hot_rows)
 
 
 def hot_touched(profiles: Mapping, hot_ids: Mapping[str, np.ndarray], lookups_per_step: Mapping[str, float]

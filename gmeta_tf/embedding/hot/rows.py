@@ -24,6 +24,7 @@ import tensorflow as tf
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
 from gmeta_tf.embedding.column_split import ColumnSplitTable
 from gmeta_tf.embedding.hot.auto import allreduce_bytes, decide, hot_touched, ps_payload
+from gmeta_tf.embedding.hot.by_bytes import TablePay, paying_rows
 from gmeta_tf.embedding.hot.prefetch import ColdPrefetch, read_rows
 from gmeta_tf.embedding.hot.select import HotSet, select_hot
 from gmeta_tf.embedding.hot.stale import StaleWindow
@@ -303,7 +304,38 @@ def auto_decision(cfg, profiles, dims: Dict[str, int], hot_set, bounds: Dict[str
                   ps_payload(profiles, dims, n, hot_set.ids, hot_set.local_only, value_bytes),
                   allreduce_bytes(modes, sizes, dims, touched, workers, value_bytes) / every,
                   Link(cfg.cluster.link_rate_bit_s),
-                  workers, max(len(cfg.cluster.ps), 1))
+                  workers, max(len(cfg.cluster.ps), 1), hot_rows=hot_set.rows)
+
+
+def select_by_bytes(cfg) -> bool:
+    """``hot.select`` resolved: ``auto`` is ``bytes`` under ``model.hot_split: auto``, else ``count``."""
+    return cfg.hot.select == "bytes" or (cfg.hot.select == "auto" and cfg.model.hot_split == "auto")
+
+
+def paying(cfg, profiles, dims: Dict[str, int], bounds: Dict[str, int], workers: int,
+           value_bytes: int = 4) -> Dict[str, TablePay]:
+    """Per table, the profile's rows that save link bytes as hot rows (``hot/by_bytes.py``) for
+    this job: ``workers`` ranks syncing every ``model.hot_sync_every`` steps."""
+    return paying_rows(profiles, dims, lookups_per_step(cfg, bounds), workers, cfg.model.hot_sync_every,
+                       value_bytes, cfg.hot.min_count)
+
+
+def choose_hot_set(cfg, profiles, dims: Dict[str, int], bounds: Dict[str, int], workers: int,
+                   value_bytes: int = 4, log=None) -> HotSet:
+    """The hot set for this config and job: by lookups per byte within ``hot.budget``, only among
+    the rows that pay by bytes where ``hot.select`` resolves to ``bytes``. Every rank computes the
+    same from the same inputs."""
+    cap = None
+    if select_by_bytes(cfg):
+        pay = paying(cfg, profiles, dims, bounds, workers, value_bytes)
+        cap = {t: p.rows for t, p in pay.items()}
+        if log is not None:
+            every = cfg.model.hot_sync_every
+            log(f"hot rows by bytes ({workers} workers, sync every {every} step{'s' if every > 1 else ''}, "
+                f"{value_bytes}-byte values): " + ", ".join(
+                    f"{t} {p.rows:,} of {len(profiles[t].counts):,} pay ({p.mode}, saves "
+                    f"{p.saved_bytes:,.0f} B/step)" for t, p in pay.items()))
+    return select_hot(profiles, dims, cfg.train.embedding_optimizer, cfg.hot.budget_bytes, cfg.hot.min_count, cap)
 
 
 def profile_path(cfg) -> Path:
@@ -319,10 +351,11 @@ def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names:
         return None
     profiles = load_profile(profile_path(cfg))
     dims = {t.name: t.dim for t in tables}
-    hot_set = select_hot(profiles, dims, cfg.train.embedding_optimizer, budget, cfg.hot.min_count)
+    bounds = touched_bounds(cat_names, multi_names, cfg.data)
+    hot_set = choose_hot_set(cfg, profiles, dims, bounds, sync.size, sync.wire.value_bytes,
+                             log if sync.rank == 0 else None)
     if sync.rank == 0:
         log(hot_set.format())
-    bounds = touched_bounds(cat_names, multi_names, cfg.data)
     if cfg.model.hot_split == "auto":
         decision = auto_decision(cfg, profiles, dims, hot_set, bounds, sync.size, sync.wire.value_bytes)
         if sync.rank == 0:
@@ -331,6 +364,10 @@ def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names:
             if sync.rank == 0 and cfg.model.hot_sync_every > 1:
                 log(f"model.hot_sync_every={cfg.model.hot_sync_every} has no effect: no hot tier")
             return None
+    if hot_set.rows == 0 and select_by_bytes(cfg):  # hot.select: bytes with the split forced on
+        if sync.rank == 0:
+            log(f"hot.select=bytes: no row saves link bytes as a hot row at {sync.size} workers: no hot tier")
+        return None
     scale = sync.size if cfg.train.scale_lr else 1
     every = cfg.model.hot_sync_every
     rows = HotRows(tables, hot_set, sync, cfg.train.embedding_optimizer,

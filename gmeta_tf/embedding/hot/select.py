@@ -7,11 +7,15 @@ all tables, taken greedily while it fits. With equal row sizes this is optimal (
 knapsack with unit items); with different dims per table it is the classic greedy, off by at
 most one row's value. Coverage can only grow with the budget: a larger budget takes a longer
 prefix of the same ranking.
+
+``cap`` (``hot.select: bytes``, ``hot/by_bytes.py``): per table, only the first ``cap[t]`` ids
+of its profile (the ones that save link bytes as hot rows) may be taken; the ranking within the
+budget is the same.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 
@@ -55,8 +59,9 @@ class HotSet:
 
 
 def select_hot(profiles: Dict[str, TableProfile], dims: Dict[str, int], optimizer: str,
-               budget: int, min_count: int = 1) -> HotSet:
-    """Greedy by lookups per byte over every table's profiled ids, within ``budget`` bytes."""
+               budget: int, min_count: int = 1, cap: Optional[Mapping[str, int]] = None) -> HotSet:
+    """Greedy by lookups per byte over every table's profiled ids, within ``budget`` bytes
+    (and, with ``cap``, within each table's first ``cap[t]`` ids)."""
     names = [t for t in dims if t in profiles]
     lookups = {t: int(profiles[t].lookups) for t in names}
     empty = {t: np.zeros(0, np.int64) for t in names}
@@ -66,6 +71,8 @@ def select_hot(profiles: Dict[str, TableProfile], dims: Dict[str, int], optimize
     for k, t in enumerate(names):
         c = np.asarray(profiles[t].counts, np.int64)
         c = c[c >= min_count]
+        if cap is not None:
+            c = c[: max(0, int(cap.get(t, 0)))]
         counts.append(c)
         sizes.append(np.full(c.size, row_bytes(dims[t], optimizer), np.int64))
         owner.append(np.full(c.size, k, np.int64))
