@@ -45,8 +45,8 @@ def measure(work: Optional[Path] = None, log=print) -> Dict:
 
 def measure_paths_section(work: Path, log=print) -> Dict:
     """The paths at each point (bench/network_paths.py), then the default and the best path with
-    ``SCALE``'s workers at the point where the default waits most on the link, then the headline
-    keys (bench/network_summary.py)."""
+    ``SCALE``'s workers at the point where the default first waits >= 50% of its step on the link
+    (``wait_point``), then the headline keys (bench/network_summary.py)."""
     from bench.hot_split import _prepare, count_traffic
 
     sweep = sweep_from_env()

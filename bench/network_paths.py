@@ -18,13 +18,16 @@ What is counted, and why this way:
   logged step) every ``POLL_S`` and snapshots each host's link counters when it first shows a
   step >= ``FIRST`` and again >= ``STEPS``: tasks/s and bytes are of the steps between the two
   records seen, timed by the records' own ``updated_unix`` (when rank 0 wrote them, not when
-  they were read). The record is data, so a changed log line changes nothing here;
+  they were read). The record is data, so a changed log line changes nothing here. The job
+  runs ``RUN_STEPS``, past the window's end, so the last step's checkpoint (every row read off
+  the PS) stays out of the counters;
 * **bytes on the wire**: each host's ``eth0`` counters (``ip -s link`` in its namespace: what
   the veth carried, Ethernet frames with their headers). A PS host carries only PS traffic; the
   workers' links carry PS traffic plus the all-reduce between workers, so
   ``allreduce_bytes_per_step = (sum over workers - sum over PS) / 2`` (each worker-to-worker
   byte crosses two worker links). The counters are read up to ``POLL_S`` (plus the read) after
-  the record was written, at both ends of the window alike;
+  the record was written; each mark keeps when they were read, and the bytes are divided by
+  the steps the counters span (the window's, plus the two lags' difference over the step);
 * **the busiest link** (``busiest_link_kb_per_step``): the most bytes one host's link carried
   per job step *in its busier direction* (a link is full duplex: the busier direction is what a
   rate bounds), kB = 1000 bytes. The same figure ``link_busy_share`` divides by the rate;
@@ -52,6 +55,9 @@ WORKERS, PS = 2, 2
 # steps). 60 steps: 4-8 s unshaped, ~15 s at 5 Mbit/s; the wall time of a point is mostly start-up.
 FIRST, STEPS = 20, 80
 LOG_EVERY = 10
+# The job runs on past the window's end, so that end is mid-run: the last step's checkpoint
+# (every row read off the PS) and the exit do not fall in the counters read up to POLL_S late.
+RUN_STEPS = STEPS + 2 * LOG_EVERY
 POLL_S = 0.2  # how often worker 0's status record is read
 HOT_BUDGET = "2MiB"  # bench/hot_split.py's BUDGET
 BF16 = "cluster.wire_dtype=bfloat16"
@@ -119,6 +125,11 @@ class Mark:
     step: int
     at_unix: float
     counters: Dict[str, Tuple[int, int]]
+    read_unix: Optional[float] = None  # when the counters were read (midway); None: at ``at_unix``
+
+    @property
+    def lag_s(self) -> float:
+        return 0.0 if self.read_unix is None else self.read_unix - self.at_unix
 
 
 @dataclass
@@ -156,15 +167,17 @@ class Window:
         want = self.first if not self.marks else self.last
         if self.done.is_set() or step < want or (self.marks and step <= self.marks[-1].step):
             return
-        self.marks.append(Mark(step, at_unix, {h: link_bytes(ns) for h, ns in self.hosts.items()}))
+        t0 = time.time()
+        counters = {h: link_bytes(ns) for h, ns in self.hosts.items()}
+        self.marks.append(Mark(step, at_unix, counters, (t0 + time.time()) / 2))
         if len(self.marks) == 2:
             self.done.set()
 
 
 def _entrypoint_args(data: str, out: Path, sets: Sequence[str]) -> List[str]:
-    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(STEPS),
+    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(RUN_STEPS),
             *[a for s in [f"data.tasks_per_batch={PER_WORKER_T}", f"train.log_every={LOG_EVERY}",
-                          f"train.checkpoint_every={STEPS * 10}", *sets] for a in ("--set", s)]]
+                          f"train.checkpoint_every={RUN_STEPS * 10}", *sets] for a in ("--set", s)]]
 
 
 def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600,
@@ -206,17 +219,21 @@ def figures(a: Mark, b: Mark, hosts: Sequence[str], rate_bit_s: Optional[int], w
     """A point's figures from the window's two ends (module docstring: what each counts)."""
     steps = b.step - a.step
     seconds = b.at_unix - a.at_unix
-    per_dir = {h: [(y - x) / steps for x, y in zip(a.counters[h], b.counters[h])]
+    step_s = seconds / steps
+    # The counters were read a little after each record was written: the steps they span are
+    # the window's plus the difference of the two lags (2-10 steps each on an unshaped link).
+    counted_steps = steps + (b.lag_s - a.lag_s) / step_s
+    per_dir = {h: [(y - x) / counted_steps for x, y in zip(a.counters[h], b.counters[h])]
                for h in hosts}  # host -> [rx, tx] bytes per step
     per_host = {h: sum(d) for h, d in per_dir.items()}
     busiest_dir = max(max(d) for d in per_dir.values())
     ps_bytes = sum(v for h, v in per_host.items() if h.startswith("ps"))
     worker_bytes = sum(v for h, v in per_host.items() if h.startswith("worker"))
-    step_s = seconds / steps
     return {
         "tasks_per_s": steps * workers * PER_WORKER_T / seconds,
         "step_ms": step_s * 1000,
         "window_steps": steps,
+        "counted_steps": counted_steps,
         "wall_s": wall_s,  # the whole point, start-up included: what the sweep's time is made of
         "busiest_link_kb_per_step": busiest_dir / 1000,
         "wire_ps_bytes_per_step": ps_bytes,  # per job step (every worker's requests)

@@ -129,3 +129,14 @@ def test_bench_run_help_and_unknown_sections(capsys):
     assert main(["--help"]) == 0
     assert "network" in capsys.readouterr().out
     assert main(["no_such_section"]) == 2
+
+
+def test_bytes_are_divided_by_the_steps_the_counters_span():
+    # records at steps 20 and 80, 0.1 s a step; counters read 0.1 s (1 step) and 0.3 s (3 steps)
+    # after them: they span 62 steps, not 60.
+    a = Mark(20, 100.0, {"worker0": (0, 0)}, read_unix=100.1)
+    b = Mark(80, 106.0, {"worker0": (0, 62_000)}, read_unix=106.3)
+    f = figures(a, b, ["worker0"], rate_bit_s=None, workers=2)
+    assert f["counted_steps"] == pytest.approx(62)
+    assert f["busiest_link_kb_per_step"] == pytest.approx(1.0)
+    assert f["step_ms"] == pytest.approx(100.0)  # time from the records alone
