@@ -5,14 +5,16 @@ pushes one bulk TCP transfer between them and reports the delivered rate against
 ``network.emulation.rate_error``. The delivered rate is TCP payload, so even a perfect link
 shows about -4.4% at a 1500-byte MTU (1448 payload bytes of every 1514 on the wire);
 ``rate_error_wire`` corrects for that and is what measures the shaper itself. Then the
-training paths under a sweep of link rates (bench/network_paths.py says what is counted how).
+training paths under three link rates (bench/network_paths.py says what is run and counted how;
+bench/network_summary.py what the headline keys are).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Dict, Optional
 
-from bench.network_paths import HOT_BUDGET, UNSHAPED, measure_paths
+from bench.network_paths import HOT_BUDGET, measure_paths, measure_scale, profile_key, sweep_from_env
+from bench.network_summary import best_path, summarize, wait_point
 from launch.network.netns import EmulatedNetwork, list_namespaces
 from launch.network.probe import measure_rate
 from launch.network.profile import parse_profile
@@ -42,30 +44,26 @@ def measure(work: Optional[Path] = None, log=print) -> Dict:
 
 
 def measure_paths_section(work: Path, log=print) -> Dict:
-    """The paths under the profile sweep (bench/network_paths.py), plus the headline keys."""
+    """The paths at each point (bench/network_paths.py), then the default and the best path with
+    ``SCALE``'s workers at the point where the default first waits >= 50% of its step on the link
+    (``wait_point``), then the headline keys (bench/network_summary.py)."""
     from bench.hot_split import _prepare, count_traffic
 
+    sweep = sweep_from_env()
     data = _prepare(work, 1.2)
-    res = measure_paths(data, work, log=log)
+    res = measure_paths(data, work, sweep, log=log)
+    scale, label = None, ""
+    point = wait_point(res)
+    if sweep.scale and point is not None:
+        workers, ps = sweep.scale
+        best = best_path(res[point])
+        profile = next(p for p in sweep.points if profile_key(p) == point)
+        scale = measure_scale(data, work, profile, {"default": sweep.paths["default"], best: sweep.paths[best]},
+                              workers, ps, log=log)
+        label = f"{workers}w{ps}ps"
     out: Dict = dict(res)
-    out.update(summarize(res))
+    out.update(summarize(res, scale, label))
     counted = count_traffic(data, HOT_BUDGET)
     out["ps_bytes_counted"] = {"default": counted["ps_bytes_per_step_off"],
                                "hot_split": counted["ps_bytes_per_step_on"]}
-    return out
-
-
-def summarize(res: Dict) -> Dict:
-    """``hot_split_best`` (the best speedup over the default and its profile), ``hot_split_loopback``
-    (on the unshaped emulated hosts) and the per-PS / per-table ratio at each sweep point."""
-    speedups = {k: p["hot_split_speedup"] for k, p in res.items() if "hot_split_speedup" in p}
-    out: Dict = {}
-    if speedups:
-        best = max(speedups, key=speedups.get)
-        out["hot_split_best"] = {"speedup": speedups[best], "profile": best}
-        out["hot_split_by_profile"] = speedups
-    if UNSHAPED in speedups:
-        out["hot_split_loopback"] = speedups[UNSHAPED]
-    out["per_ps_over_per_table"] = {k: p["per_ps_over_per_table"] for k, p in res.items()
-                                    if "per_ps_over_per_table" in p}
     return out

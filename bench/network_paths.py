@@ -1,31 +1,47 @@
 """The paths of the ``network`` bench section: tasks/s and bytes on the wire under emulated links.
 
-Every point is one 2-worker + 2-PS job on emulated hosts (launch/emulated_cluster.py: each PS and
-each worker in its own network namespace, started TFJob-style), on the hot split's Zipf 1.2 data
-(bench/hot_split.py), so the default path and the hot split read the same batches.
+Every point is one job on emulated hosts (launch/emulated_cluster.py: each PS and each worker in
+its own network namespace, started TFJob-style), 2 workers + 2 PS unless said otherwise, on the
+hot split's Zipf 1.2 data (bench/hot_split.py), so every path reads the same batches.
+
+What is run (``PATHS`` x ``POINTS``, then ``SCALE``): the default path, each option that cuts
+bytes alone, and all of them together (``lean``), at three link rates: unshaped (``bridge``),
+100 Mbit/s, and 5 Mbit/s, the rate where the default path waits on the link for most of its
+step (70% measured, docs/network.md). ``GMETA_BENCH_NETWORK=full`` adds TFRA's per-table path
+and one table per feature, over five rates (the sweep before issue 41, ~50 min).
 
 What is counted, and why this way:
 
 * **the window**: the job's start-up (TF imports, graph registration on the PS, the first
   tracing step) is not what a link rate changes, and on 2 cores it dwarfs a short run. So the
-  launcher watches worker 0's log and snapshots each host's link counters when it logs step
-  ``FIRST`` and again at step ``STEPS``: tasks/s and bytes are of those steps only;
+  bench reads worker 0's status record (gmeta_tf/train/rank_status.py, rewritten at each
+  logged step) every ``POLL_S`` and snapshots each host's link counters when it first shows a
+  step >= ``FIRST`` and again >= ``STEPS``: tasks/s and bytes are of the steps between the two
+  records seen, timed by the records' own ``updated_unix`` (when rank 0 wrote them, not when
+  they were read). The record is data, so a changed log line changes nothing here. The job
+  runs ``RUN_STEPS``, past the window's end, so the last step's checkpoint (every row read off
+  the PS) stays out of the counters;
 * **bytes on the wire**: each host's ``eth0`` counters (``ip -s link`` in its namespace: what
-  the veth carried, Ethernet frames with their headers, both directions). A PS host carries only
-  PS traffic; the workers' links carry PS traffic plus the all-reduce between workers, so
+  the veth carried, Ethernet frames with their headers). A PS host carries only PS traffic; the
+  workers' links carry PS traffic plus the all-reduce between workers, so
   ``allreduce_bytes_per_step = (sum over workers - sum over PS) / 2`` (each worker-to-worker
-  byte crosses two worker links). The counters are read when worker 0's log line reaches the
-  launcher: under heavy load that is a few steps late, at both ends of the window alike;
+  byte crosses two worker links). The counters are read up to ``POLL_S`` (plus the read) after
+  the record was written; each mark keeps when they were read, and the bytes are divided by
+  the steps the counters span (the window's, plus the two lags' difference over the step);
+* **the busiest link** (``busiest_link_kb_per_step``): the most bytes one host's link carried
+  per job step *in its busier direction* (a link is full duplex: the busier direction is what a
+  rate bounds), kB = 1000 bytes. The same figure ``link_busy_share`` divides by the rate;
 * **wait share**: the part of the step the link adds, ``1 - step_s(unshaped) / step_s(profile)``
   against the same path on the unshaped emulated hosts (``bridge``); ``link_busy_share`` is the
   busiest link direction's bytes per step over the rate, divided by the step: the least share
-  of the step that direction must spend sending. The in-process lookup/apply timing of bench/distributed.py needs a
-  Horovod rank under horovodrun, which these hosts do not run.
+  of the step that direction must spend sending. The in-process lookup/apply timing of
+  bench/distributed.py needs a Horovod rank under horovodrun, which these hosts do not run.
 """
 from __future__ import annotations
 
 import json
-import re
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -35,19 +51,58 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 PER_WORKER_T = 16
 WORKERS, PS = 2, 2
-FIRST, STEPS = 40, 160  # the measured window: worker 0's steps FIRST..STEPS
-LOG_EVERY = 20
+# The measured window: worker 0's steps FIRST..STEPS (its record is rewritten every LOG_EVERY
+# steps). 60 steps: 4-8 s unshaped, ~15 s at 5 Mbit/s; the wall time of a point is mostly start-up.
+FIRST, STEPS = 20, 80
+LOG_EVERY = 10
+# The job runs on past the window's end, so that end is mid-run: the last step's checkpoint
+# (every row read off the PS) and the exit do not fall in the counters read up to POLL_S late.
+RUN_STEPS = STEPS + 2 * LOG_EVERY
+POLL_S = 0.2  # how often worker 0's status record is read
 HOT_BUDGET = "2MiB"  # bench/hot_split.py's BUDGET
+BF16 = "cluster.wire_dtype=bfloat16"
+HOT = f"hot.budget={HOT_BUDGET}"
+STALE = "model.hot_sync_every=4"
+# The default sweep's paths: the default, each byte-cutting option alone, and all together. Edit
+# here. ``lean`` does not set ``model.hot_split: auto``: on this data at 2 workers + 2 PS its
+# cost model turns the split off at every rate (docs/network.md), which would make ``lean`` the
+# bf16 path; add it (with ``cluster.link_rate``) once auto chooses the hot set by bytes.
 PATHS: Dict[str, List[str]] = {
-    "default": ["hot.budget=0"],  # fused tables, one request per PS
+    "default": ["hot.budget=0"],  # fused tables, one request per PS, no hot tier
+    "bf16": ["hot.budget=0", BF16],  # bfloat16 on the wire
+    "hot_split": [HOT],  # the hot tier, synced every step
+    "hot_stale": [HOT, STALE],  # the hot tier, synced every 4th step
+    "lean": [HOT, STALE, BF16],
+}
+# GMETA_BENCH_NETWORK=full adds these (the sweep before issue 41).
+FULL_PATHS: Dict[str, List[str]] = {
     "per_table": ["hot.budget=0", "model.ps_requests=per_table", "model.fuse_tables=false"],  # TFRA's own
     "unfused": ["hot.budget=0", "model.fuse_tables=false"],  # one request per PS, one table each
-    "hot_split": [f"hot.budget={HOT_BUDGET}"],
 }
 UNSHAPED = "bridge"
-PROFILES = (UNSHAPED, "rate=1gbit", "rate=100mbit", "rate=20mbit", "rate=5mbit")
-REPEATS = 1  # one pass over the sweep: ~50 min on this box; 2 halves the noise (docs/network.md)
-_STEP = re.compile(r"\[worker0\].*\bstep (\d+)/(\d+) ")
+POINTS = (UNSHAPED, "rate=100mbit", "rate=5mbit")
+FULL_POINTS = (UNSHAPED, "rate=1gbit", "rate=100mbit", "rate=20mbit", "rate=5mbit")
+WAIT_BOUND = 0.5  # the point where the default waits at least this share of its step on the link
+SCALE = (4, 2)  # workers, PS of the two extra runs (default and the best path) at that point
+REPEATS = 1  # one pass over the sweep; 2 halves the noise (docs/network.md)
+FULL_ENV = "GMETA_BENCH_NETWORK"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What one ``network`` bench run measures."""
+    points: Tuple[str, ...]
+    paths: Dict[str, List[str]]
+    repeats: int = REPEATS
+    scale: Optional[Tuple[int, int]] = SCALE
+
+
+def sweep_from_env(env=os.environ) -> Sweep:
+    """The default sweep, or ``GMETA_BENCH_NETWORK=full``'s (five rates, TFRA's per-table path
+    and one table per feature too)."""
+    if env.get(FULL_ENV, "") == "full":
+        return Sweep(FULL_POINTS, {**PATHS, **FULL_PATHS})
+    return Sweep(POINTS, dict(PATHS))
 
 
 def profile_key(profile: str) -> str:
@@ -64,72 +119,129 @@ def link_bytes(ns: str, dev: str = "eth0") -> Tuple[int, int]:
 
 
 @dataclass
-class _Window:
-    """Link counters of every host at worker 0's steps FIRST and STEPS."""
-    hosts: Dict[str, str]  # host -> namespace
-    marks: Dict[int, float] = field(default_factory=dict)  # step -> monotonic time
-    counters: Dict[int, Dict[str, Tuple[int, int]]] = field(default_factory=dict)
-    done: threading.Event = field(default_factory=threading.Event)
+class Mark:
+    """One end of the window: worker 0's step as its record said, when rank 0 wrote it, and
+    every host's link counters read right after."""
+    step: int
+    at_unix: float
+    counters: Dict[str, Tuple[int, int]]
+    read_unix: Optional[float] = None  # when the counters were read (midway); None: at ``at_unix``
 
-    def on_line(self, line: str) -> None:
-        m = _STEP.search(line)
-        if not m:
+    @property
+    def lag_s(self) -> float:
+        return 0.0 if self.read_unix is None else self.read_unix - self.at_unix
+
+
+@dataclass
+class Window:
+    """Polls worker 0's status record in a thread and marks the window's two ends."""
+    hosts: Dict[str, str]  # host -> namespace
+    status_dir: str
+    first: int = FIRST
+    last: int = STEPS
+    marks: List[Mark] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Window":
+        self._thread = threading.Thread(target=self._poll, name="network-window", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _poll(self) -> None:
+        from gmeta_tf.train import rank_status
+
+        while not self._stop.is_set() and not self.done.is_set():
+            record = rank_status.read(self.status_dir, 0)
+            if record is not None:
+                self.on_record(record.step, record.updated_unix)
+            self._stop.wait(POLL_S)
+
+    def on_record(self, step: int, at_unix: float) -> None:
+        want = self.first if not self.marks else self.last
+        if self.done.is_set() or step < want or (self.marks and step <= self.marks[-1].step):
             return
-        step = int(m.group(1))
-        if step in (FIRST, STEPS) and step not in self.marks:
-            self.marks[step] = time.monotonic()
-            self.counters[step] = {h: link_bytes(ns) for h, ns in self.hosts.items()}
-            if step == STEPS:
-                self.done.set()
+        t0 = time.time()
+        counters = {h: link_bytes(ns) for h, ns in self.hosts.items()}
+        self.marks.append(Mark(step, at_unix, counters, (t0 + time.time()) / 2))
+        if len(self.marks) == 2:
+            self.done.set()
 
 
 def _entrypoint_args(data: str, out: Path, sets: Sequence[str]) -> List[str]:
-    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(STEPS),
+    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(RUN_STEPS),
             *[a for s in [f"data.tasks_per_batch={PER_WORKER_T}", f"train.log_every={LOG_EVERY}",
-                          f"train.checkpoint_every={STEPS * 10}", *sets] for a in ("--set", s)]]
+                          f"train.checkpoint_every={RUN_STEPS * 10}", *sets] for a in ("--set", s)]]
 
 
-def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600) -> Dict[str, float]:
+def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600,
+              workers: int = WORKERS, ps: int = PS) -> Dict[str, float]:
     """One job on emulated hosts: tasks/s and bytes per step over worker 0's measured window."""
     from launch.emulated_cluster import EmulatedCluster
     from launch.emulated_hosts import host_names
     from launch.network.netns import EmulatedNetwork, sweep_stale
     from launch.network.profile import parse_profile
 
+    t0 = time.monotonic()
+    shutil.rmtree(out, ignore_errors=True)  # the entrypoint always resumes: an old run would start at its end
     sweep_stale()
-    hosts = host_names(WORKERS, PS)
+    hosts = host_names(workers, ps)
     net = EmulatedNetwork(hosts, parse_profile(profile))
-    window = _Window({h: net.namespace(h) for h in hosts})
+    status_dir = str(out / "status")
+    window = Window({h: net.namespace(h) for h in hosts}, status_dir)
     with net:
-        cluster = EmulatedCluster(net, log=window.on_line)
+        cluster = EmulatedCluster(net, log=lambda line: None)  # each child keeps its own tail
+        cluster.watch_stops(None, 10.0, status_dir)  # the ranks write their records there
+        window.start()
         try:
-            cluster.start_ps(PS)
-            code = cluster.train(WORKERS, _entrypoint_args(data, out, sets), timeout_s)
+            cluster.start_ps(ps)
+            code = cluster.train(workers, _entrypoint_args(data, out, sets), timeout_s)
             dead_ps = [c.name for c in cluster.ps_children() if c.proc.poll() is not None]
         finally:
+            window.stop()
             cluster.teardown()
     if code != 0 or dead_ps or not window.done.is_set():
         tail = "\n".join(line for c in cluster.children for line in c.lines[-15:])
-        raise RuntimeError(f"network bench point {profile} {list(sets)} failed: exit {code}, dead PS {dead_ps}\n{tail}")
-    steps = STEPS - FIRST
-    seconds = window.marks[STEPS] - window.marks[FIRST]
-    per_dir = {h: [(b - a) / steps for a, b in zip(window.counters[FIRST][h], window.counters[STEPS][h])]
+        raise RuntimeError(f"network bench point {profile} {list(sets)} failed: exit {code}, dead PS {dead_ps}, "
+                           f"window marks {[m.step for m in window.marks]}\n{tail}")
+    return figures(window.marks[0], window.marks[1], hosts, parse_profile(profile).rate_bit_s, workers,
+                   time.monotonic() - t0)
+
+
+def figures(a: Mark, b: Mark, hosts: Sequence[str], rate_bit_s: Optional[int], workers: int,
+            wall_s: float = 0.0) -> Dict[str, float]:
+    """A point's figures from the window's two ends (module docstring: what each counts)."""
+    steps = b.step - a.step
+    seconds = b.at_unix - a.at_unix
+    step_s = seconds / steps
+    # The counters were read a little after each record was written: the steps they span are
+    # the window's plus the difference of the two lags (2-10 steps each on an unshaped link).
+    counted_steps = steps + (b.lag_s - a.lag_s) / step_s
+    per_dir = {h: [(y - x) / counted_steps for x, y in zip(a.counters[h], b.counters[h])]
                for h in hosts}  # host -> [rx, tx] bytes per step
     per_host = {h: sum(d) for h, d in per_dir.items()}
-    busiest_dir = max(max(d) for d in per_dir.values())  # a link is full duplex: its busier direction
+    busiest_dir = max(max(d) for d in per_dir.values())
     ps_bytes = sum(v for h, v in per_host.items() if h.startswith("ps"))
     worker_bytes = sum(v for h, v in per_host.items() if h.startswith("worker"))
-    rate = parse_profile(profile).rate_bit_s
-    step_s = seconds / steps
     return {
-        "tasks_per_s": steps * WORKERS * PER_WORKER_T / seconds,
+        "tasks_per_s": steps * workers * PER_WORKER_T / seconds,
         "step_ms": step_s * 1000,
-        "wire_ps_bytes_per_step": ps_bytes,  # per job step (both workers' requests)
-        "wire_ps_bytes_per_worker_step": ps_bytes / WORKERS,
+        "window_steps": steps,
+        "counted_steps": counted_steps,
+        "wall_s": wall_s,  # the whole point, start-up included: what the sweep's time is made of
+        "busiest_link_kb_per_step": busiest_dir / 1000,
+        "wire_ps_bytes_per_step": ps_bytes,  # per job step (every worker's requests)
+        "wire_ps_bytes_per_worker_step": ps_bytes / workers,
         "wire_allreduce_bytes_per_step": max(0.0, (worker_bytes - ps_bytes) / 2),
-        "wire_busiest_host_bytes_per_step": max(per_host.values()),
+        "wire_busiest_host_bytes_per_step": max(per_host.values()),  # both directions
         "wire_busiest_direction_bytes_per_step": busiest_dir,
-        "link_busy_share": (busiest_dir * 8 / rate / step_s) if rate else 0.0,
+        "link_busy_share": (busiest_dir * 8 / rate_bit_s / step_s) if rate_bit_s else 0.0,
     }
 
 
@@ -143,28 +255,40 @@ def combine(runs: List[Dict[str, float]]) -> Dict[str, float]:
     return out
 
 
-def measure_paths(data: str, work: Path, profiles: Sequence[str] = PROFILES,
-                  paths: Optional[Dict[str, List[str]]] = None, repeats: int = REPEATS, log=print) -> Dict:
-    """Every path at every profile, ``repeats`` passes over the whole sweep (a burst of outside
-    load hits one pass, not every run of one point), the profile in the outer loop; then the
-    ratios the issue asks for (``ratios``)."""
-    paths = PATHS if paths is None else paths
+def measure_paths(data: str, work: Path, sweep: Optional[Sweep] = None, log=print) -> Dict:
+    """Every path at every point, ``repeats`` passes over the whole sweep (a burst of outside
+    load hits one pass, not every run of one point), the point in the outer loop; each path's
+    wait share and the per-point ratios (``ratios``)."""
+    sweep = sweep_from_env() if sweep is None else sweep
     runs: Dict[str, Dict[str, List[Dict[str, float]]]] = {}
-    for rep in range(repeats):
-        for profile in profiles:
+    for rep in range(sweep.repeats):
+        for profile in sweep.points:
             key = profile_key(profile)
-            for name, sets in paths.items():
+            for name, sets in sweep.paths.items():
                 point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets)
                 runs.setdefault(key, {}).setdefault(name, []).append(point)
                 log(f"[network] {key} {name}: {point['tasks_per_s']:.0f} tasks/s, "
+                    f"busiest link {point['busiest_link_kb_per_step']:,.1f} kB/step, "
                     f"PS {point['wire_ps_bytes_per_worker_step']:,.0f} B/worker-step, "
-                    f"all-reduce {point['wire_allreduce_bytes_per_step']:,.0f} B/step")
+                    f"all-reduce {point['wire_allreduce_bytes_per_step']:,.0f} B/step, {point['wall_s']:.0f} s")
     return ratios({key: {name: combine(r) for name, r in points.items()} for key, points in runs.items()})
 
 
+def measure_scale(data: str, work: Path, profile: str, paths: Dict[str, List[str]], workers: int, ps: int,
+                  log=print) -> Dict[str, Dict[str, float]]:
+    """``paths`` at one point with ``workers`` + ``ps`` hosts (one run each)."""
+    out = {}
+    for name, sets in paths.items():
+        out[name] = p = run_point(data, work / f"net-{profile_key(profile)}-{workers}w{ps}ps-{name}", profile, sets,
+                                  workers=workers, ps=ps)
+        log(f"[network] {profile_key(profile)} {workers}w{ps}ps {name}: {p['tasks_per_s']:.0f} tasks/s, "
+            f"busiest link {p['busiest_link_kb_per_step']:,.1f} kB/step, {p['wall_s']:.0f} s")
+    return out
+
+
 def ratios(res: Dict[str, Dict]) -> Dict[str, Dict]:
-    """Per profile: each path's wait share (against the same path unshaped) and the ratios of
-    the default path to TFRA's per-table path, to one table each, and of the hot split to it."""
+    """Per point: each path's wait share (against the same path unshaped) and, where the full
+    sweep ran them, the default path over TFRA's per-table path and over one table each."""
     base = res.get(profile_key(UNSHAPED), {})
     for points in res.values():
         for name, p in list(points.items()):
@@ -175,6 +299,4 @@ def ratios(res: Dict[str, Dict]) -> Dict[str, Dict]:
             points["per_ps_over_per_table"] = tps["default"] / tps["per_table"]
         if "default" in tps and "unfused" in tps:
             points["fused_over_unfused"] = tps["default"] / tps["unfused"]
-        if "default" in tps and "hot_split" in tps:
-            points["hot_split_speedup"] = tps["hot_split"] / tps["default"]
     return res
