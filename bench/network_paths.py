@@ -63,16 +63,19 @@ HOT_BUDGET = "2MiB"  # bench/hot_split.py's BUDGET
 BF16 = "cluster.wire_dtype=bfloat16"
 HOT = f"hot.budget={HOT_BUDGET}"
 STALE = "model.hot_sync_every=4"
+AUTO = "model.hot_split=auto"
 # The default sweep's paths: the default, each byte-cutting option alone, and all together. Edit
-# here. ``lean`` does not set ``model.hot_split: auto``: on this data at 2 workers + 2 PS its
-# cost model turns the split off at every rate (docs/network.md), which would make ``lean`` the
-# bf16 path; add it (with ``cluster.link_rate``) once auto chooses the hot set by bytes.
+# here. ``auto`` is ``lean`` with the split and its rows left to ``model.hot_split: auto``
+# (the rows that save bytes at this point's link rate, embedding/hot/by_bytes.py): the job is
+# told the point's rate (``cluster.link_rate``, ``_point_sets``); unshaped, bytes are free and
+# auto turns the split off, which makes it the bf16 path with k=4 meaningless.
 PATHS: Dict[str, List[str]] = {
     "default": ["hot.budget=0"],  # fused tables, one request per PS, no hot tier
     "bf16": ["hot.budget=0", BF16],  # bfloat16 on the wire
     "hot_split": [HOT],  # the hot tier, synced every step
     "hot_stale": [HOT, STALE],  # the hot tier, synced every 4th step
     "lean": [HOT, STALE, BF16],
+    "auto": [HOT, STALE, BF16, AUTO],
 }
 # GMETA_BENCH_NETWORK=full adds these (the sweep before issue 41).
 FULL_PATHS: Dict[str, List[str]] = {
@@ -180,9 +183,20 @@ def _entrypoint_args(data: str, out: Path, sets: Sequence[str]) -> List[str]:
                           f"train.checkpoint_every={RUN_STEPS * 10}", *sets] for a in ("--set", s)]]
 
 
+def _point_sets(profile: str, sets: Sequence[str]) -> List[str]:
+    """``sets``, plus the point's link rate where ``model.hot_split: auto`` needs it to decide (a
+    job on real hosts is told its rate the same way, ``cluster.link_rate``)."""
+    from gmeta_tf.config.rates import format_rate
+    from launch.network.profile import parse_profile
+
+    rate = parse_profile(profile).rate_bit_s
+    return [*sets, f"cluster.link_rate={format_rate(rate)}"] if AUTO in sets and rate else list(sets)
+
+
 def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600,
               workers: int = WORKERS, ps: int = PS) -> Dict[str, float]:
     """One job on emulated hosts: tasks/s and bytes per step over worker 0's measured window."""
+    sets = _point_sets(profile, sets)
     from launch.emulated_cluster import EmulatedCluster
     from launch.emulated_hosts import host_names
     from launch.network.netns import EmulatedNetwork, sweep_stale

@@ -16,7 +16,10 @@ second, and changed without running a sweep. The inputs are ``{point: {path: fig
   ``wait_share_default``, ``bytes_ratio``, and which path and point;
 * ``lean_4w``: the same two paths with more workers at the same point (``speedup``);
 * ``lean_unshaped``: ``lean`` over the default on the unshaped hosts (``bridge``), and
-  ``unshaped_over_default`` each path's.
+  ``unshaped_over_default`` each path's;
+* ``auto``: at each point, ``auto``'s tasks/s over the faster of its two choices there, the
+  split on (``lean``) or off (``bf16``): ``over_faster``; ``picks_faster`` when every point is
+  within ``AUTO_NOISE`` of it (one run a point: differences inside the noise are no choice).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from bench.network_paths import UNSHAPED, WAIT_BOUND, profile_key
 
 DEFAULT = "default"
 LEAN = "lean"
+AUTO, SPLIT_OFF = "auto", "bf16"
+AUTO_NOISE = 0.05  # repeats of one point on this box move its tasks/s by a few percent
 
 
 def add_ratios(res: Dict[str, Dict]) -> None:
@@ -84,4 +89,19 @@ def summarize(res: Dict[str, Dict], scale: Optional[Dict[str, Dict]] = None,
                                         if n != DEFAULT and isinstance(p, dict) and "speedup" in p}
         if LEAN in out["unshaped_over_default"]:
             out["lean_unshaped"] = out["unshaped_over_default"][LEAN]
+    auto = auto_choice(res)
+    if auto:
+        out["auto"] = auto
     return out
+
+
+def auto_choice(res: Dict[str, Dict]) -> Dict:
+    """``auto`` against the faster of split on / off at each point (module docstring)."""
+    over = {}
+    for key, points in res.items():
+        runs = {n: points.get(n) for n in (AUTO, LEAN, SPLIT_OFF)}
+        if all(isinstance(r, dict) and "tasks_per_s" in r for r in runs.values()):
+            over[key] = runs[AUTO]["tasks_per_s"] / max(runs[LEAN]["tasks_per_s"], runs[SPLIT_OFF]["tasks_per_s"])
+    if not over:
+        return {}
+    return {"over_faster": over, "picks_faster": all(v >= 1 - AUTO_NOISE for v in over.values())}

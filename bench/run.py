@@ -243,6 +243,8 @@ HEADLINES = [
     ("network.unshaped_over_default.bf16", "… unshaped: bf16 wire / default", ""),
     ("network.unshaped_over_default.hot_split", "… unshaped: hot split / default", ""),
     ("network.unshaped_over_default.hot_stale", "… unshaped: hot split synced every 4 / default", ""),
+    ("network.auto.picks_faster", "… hot_split auto (rows by bytes, told the rate) within 5% of the faster of split on / off, every point",
+     "true"),
     ("delivery.steps_ratio_warm_over_scratch", "steps to the from-scratch best valid AUC, warm start / scratch", "≤ 0.25"),
     ("delivery.time_ratio_warm_over_scratch", "… same, wall time", "≤ 0.25"),
 ]

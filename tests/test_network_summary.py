@@ -104,7 +104,7 @@ def test_figures_of_a_window(monkeypatch):
 def test_the_default_sweep_and_the_full_one():
     s = sweep_from_env({})
     assert s.points == ("bridge", "rate=100mbit", "rate=5mbit")
-    assert list(s.paths) == ["default", "bf16", "hot_split", "hot_stale", "lean"]
+    assert list(s.paths) == ["default", "bf16", "hot_split", "hot_stale", "lean", "auto"]
     assert s.scale == (4, 2)
     full = sweep_from_env({FULL_ENV: "full"})
     assert len(full.points) == 5 and {"per_table", "unfused"} <= set(full.paths)
@@ -112,10 +112,31 @@ def test_the_default_sweep_and_the_full_one():
     assert {s for name in ("bf16", "hot_stale") for s in PATHS[name] if s != "hot.budget=0"} <= lean
 
 
+def test_auto_is_judged_against_the_faster_of_split_on_and_off():
+    from bench.network_summary import auto_choice
+
+    res = _sweep()
+    res["bridge"]["auto"] = _p(775, 150, 40)  # chose off (bf16: 780); lean 784 is faster, within the noise
+    res["5mbit"]["auto"] = _p(495, 80, 64)  # chose on: lean's 500
+    out = auto_choice(res)
+    assert out["over_faster"] == pytest.approx({"bridge": 775 / 784, "5mbit": 495 / 500})
+    assert out["picks_faster"] is True
+    res["5mbit"]["auto"] = _p(300, 150, 100)  # chose off where on was faster
+    assert auto_choice(res)["picks_faster"] is False
+    assert auto_choice({"bridge": {"default": _p(1, 1, 1)}}) == {}
+
+
+def test_the_auto_path_is_told_the_point_s_link_rate():
+    assert network_paths._point_sets("rate=5mbit", PATHS["auto"])[-1] == "cluster.link_rate=5mbit"
+    assert network_paths._point_sets("bridge", PATHS["auto"]) == PATHS["auto"]  # unshaped: no rate
+    assert network_paths._point_sets("rate=5mbit", PATHS["lean"]) == PATHS["lean"]
+
+
 def test_every_network_headline_key_is_produced():
     from bench.run import HEADLINES, _get
 
     res = _sweep()
+    res["bridge"]["auto"], res["5mbit"]["auto"] = _p(780, 150, 40), _p(500, 80, 64)
     scale = {"default": _p(300, 540, 0), "lean": _p(660, 200, 0)}
     results = {"network": {**res, **summarize(res, scale, "4w2ps"), "emulation": {"rate_error": -0.04}}}
     keys = [k for k, _, _ in HEADLINES if k.startswith("network.")]
