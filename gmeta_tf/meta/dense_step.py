@@ -22,7 +22,6 @@ uncompiled step runs, so both paths evaluate the same expressions.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import List, Mapping, Sequence, Tuple
 
 import tensorflow as tf
@@ -70,7 +69,7 @@ def maml_objective(model: DLRM, spec: InnerLoopSpec, params: Mapping[str, tf.Ten
                    sparse: SparseState, batch: dict) -> tf.Tensor:
     """Mean query loss after adapting ``params`` on the support set, plus the embedding penalty."""
     num_tasks = tf.shape(batch["task_mask"])[0]
-    fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks, params, tiled=not spec.offsets)
+    fast = initial_fast_weights(model, sparse, spec.adapted, num_tasks, params)
     fast = adapt(model, fast, batch, spec)
     q = outer_losses(model, fast, batch)
     tm = batch["task_mask"]
@@ -109,8 +108,7 @@ class DenseStep:
 
     def __init__(self, model: DLRM, meta: MetaConfig):
         self.model = model
-        # Compiled, the first SGD step adapts through zero offsets (``InnerLoopSpec.offsets``).
-        self.spec = replace(InnerLoopSpec.from_meta(model, meta), offset_first_step=True)
+        self.spec = InnerLoopSpec.from_meta(model, meta)
         self.erm = meta.algo == "erm"
         self.names = list(model.dense_variables)
         self.multi = [False] * len(model.cat_names) + [True] * len(model.multi_names)  # lookup_batch's order

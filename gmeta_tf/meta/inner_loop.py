@@ -24,7 +24,6 @@ from gmeta_tf.config.schema import ConfigError, MetaConfig
 from gmeta_tf.embedding.lookup import SparseState
 from gmeta_tf.meta import neighbourhood
 from gmeta_tf.model.adaptable import AdaptableModel
-from gmeta_tf.model.dense_tower import SHARED_OFFSET
 from gmeta_tf.model.heads import per_task_loss, per_task_ranking_loss
 
 
@@ -42,13 +41,6 @@ class InnerLoopSpec:
     ridge_lambda: float = 5.0  # newton: the prior's λ when the model learns none
     support_loss: str = "squared"  # newton: "absolute" fits the head by IRLS (meta.support_loss)
     irls_steps: int = 3
-    # The compiled step's (``dense_step``) first SGD step runs the forward on the shared weights
-    # (one GEMM over every task's samples) and takes each task's gradient w.r.t. a zero offset
-    # [T, ...] to them (``dense_tower._offset_matmul``), instead of tiling the weights first: the
-    # tiled copies are never materialised and the forward is not a batch of small GEMMs, which
-    # is what JAX's ``vmap(grad)`` compiles to (docs/profile.md, "TF's XLA program vs a JAX
-    # step"). Only measured compiled, so only the compiled step sets it.
-    offset_first_step: bool = False
 
     @classmethod
     def from_meta(cls, model: AdaptableModel, meta: MetaConfig) -> "InnerLoopSpec":
@@ -60,11 +52,6 @@ class InnerLoopSpec:
                    adapt_embeddings=meta.adapt == "dense+embedding", embedding_lr=meta.embedding_inner_lr,
                    second_order=meta.algo == "maml", solver=meta.inner_solver, ridge_lambda=meta.ridge_lambda,
                    support_loss=meta.support_loss, irls_steps=meta.irls_steps)
-
-    @property
-    def offsets(self) -> bool:
-        """Whether the first step adapts through offsets (``offset_first_step``; SGD only)."""
-        return self.offset_first_step and self.solver == "sgd" and self.steps > 0
 
     def for_evaluation(self, steps: int, lr: float) -> "InnerLoopSpec":
         """Adaptation on unseen tasks: first order (nothing differentiates through it), own steps/lr."""
@@ -78,14 +65,12 @@ class FastWeights:
 
 
 def initial_fast_weights(model: AdaptableModel, sparse: SparseState, adapted: Sequence[str],
-                         num_tasks: tf.Tensor, params: Optional[Mapping[str, tf.Tensor]] = None,
-                         tiled: bool = True) -> FastWeights:
+                         num_tasks: tf.Tensor, params: Optional[Mapping[str, tf.Tensor]] = None) -> FastWeights:
     """``params`` (default: the model's variables) are the values to start from; the compiled
-    dense step (``dense_step``) passes the variables' values as plain tensors. ``tiled=False``
-    leaves the adapted weights shared (``InnerLoopSpec.offsets``: the first step tiles them)."""
+    dense step (``dense_step``) passes the variables' values as plain tensors."""
     dense = {}
     for name, var in (params if params is not None else model.dense_variables).items():
-        if name in adapted and tiled:
+        if name in adapted:
             dense[name] = tf.tile(var[None], [num_tasks] + [1] * var.shape.rank)
         else:
             dense[name] = var
@@ -131,34 +116,21 @@ def _adapt(model: AdaptableModel, fast: FastWeights, batch: dict, spec: InnerLoo
                                     irls_steps=spec.irls_steps if spec.support_loss == "absolute" else 0)
         return fast
     adapted, lr, adapt_embeddings, embedding_lr = spec.adapted, spec.lr, spec.adapt_embeddings, spec.embedding_lr
-    for i in range(spec.steps):
-        offsets = spec.offsets and i == 0  # adapted weights still shared: adapt through offsets
-        if offsets:
-            num_tasks = tf.shape(batch["task_mask"])[:1]
-            sources: List[tf.Tensor] = [tf.zeros(tf.concat([num_tasks, tf.shape(fast.dense[n])], 0)) for n in adapted]
-        else:
-            sources = [fast.dense[n] for n in adapted]
+    for _ in range(spec.steps):
+        sources: List[tf.Tensor] = [fast.dense[n] for n in adapted]
         rows = fast.sparse.rows() if adapt_embeddings else []
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             for s in sources + rows:
                 tape.watch(s)
-            view = fast
-            if offsets:
-                view = FastWeights(dict(fast.dense), fast.sparse)
-                for name, s in zip(adapted, sources):
-                    if fast.dense[name].shape.rank == 2:  # a weight: x @ (w + offset) in the tower
-                        view.dense[name + SHARED_OFFSET] = s
-                    else:  # a bias: broadcast is all it costs
-                        view.dense[name] = fast.dense[name] + s
-            loss = tf.reduce_sum(task_losses(model, view, batch, "support"))
+            loss = tf.reduce_sum(task_losses(model, fast, batch, "support"))
         grads = tape.gradient(loss, sources + rows,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = [tf.convert_to_tensor(g) for g in grads]  # gather → IndexedSlices for rows
         if not spec.second_order:
             grads = [tf.stop_gradient(g) for g in grads]
         dense = dict(fast.dense)
-        for name, s, g in zip(adapted, sources, grads[: len(sources)]):
-            dense[name] = (fast.dense[name] + s if offsets else fast.dense[name]) - lr * g
+        for name, g in zip(adapted, grads[: len(sources)]):
+            dense[name] = fast.dense[name] - lr * g
         sparse = fast.sparse
         if adapt_embeddings:
             new_rows = [r - embedding_lr * g for r, g in zip(rows, grads[len(sources):])]

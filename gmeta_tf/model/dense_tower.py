@@ -12,7 +12,7 @@ then the top MLP → one logit (click) or one score (rating).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import tensorflow as tf
@@ -22,38 +22,13 @@ from gmeta_tf.config.schema import ModelConfig
 Params = Dict[str, tf.Tensor]
 
 
-def _linear(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor, dw: Optional[tf.Tensor] = None) -> tf.Tensor:
-    """``x [T, N, in]`` times a shared ``w [in, out]`` or a per-task ``w [T, in, out]``; plus
-    ``b [out]`` or ``[T, out]``. ``dw [T, in, out]``, when given, is a per-task offset to a
-    shared ``w`` (``SHARED_OFFSET``)."""
-    if dw is not None:
-        y = _offset_matmul(x, w, dw)
-    elif w.shape.rank == 2:
+def _linear(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """``x [T, N, in]`` times a shared ``w [in, out]`` or a per-task ``w [T, in, out]``."""
+    if w.shape.rank == 2:
         y = tf.einsum("tni,io->tno", x, w)
-    else:
-        y = tf.matmul(x, w)
-    return y + (b if b.shape.rank == 1 else b[:, None, :])
-
-
-@tf.custom_gradient
-def _offset_matmul(x: tf.Tensor, w: tf.Tensor, dw: tf.Tensor):
-    """``x @ (w + dw)`` for an offset ``dw`` that is zero (``SHARED_OFFSET``): the forward is one
-    GEMM on the shared ``w``; the gradient is the same as the tiled product's (``dw``'s is each
-    task's ``xᵀ dy``, ``w``'s their sum), written with differentiable ops, so an enclosing tape
-    differentiates through it (second-order MAML)."""
-    y = tf.einsum("tni,io->tno", x, w)
-
-    def grad(dy):
-        g_dw = tf.matmul(x, dy, transpose_a=True)  # [T, in, out]
-        return tf.einsum("tno,io->tni", dy, w), tf.einsum("tni,tno->io", x, dy), g_dw
-
-    return y, grad
-
-
-# ``params[name + SHARED_OFFSET]``: a per-task ``[T, in, out]`` offset added to the shared weight
-# ``params[name]`` (``inner_loop``'s compiled first step: zeros that the tape watches, so the
-# gradient w.r.t. them is each task's own, while the forward stays one GEMM on the shared weight).
-SHARED_OFFSET = "+offset"
+        return y + b
+    y = tf.matmul(x, w)
+    return y + b[:, None, :]
 
 
 class DenseTower:
@@ -113,7 +88,7 @@ class DenseTower:
     def head(self, params: Params, hidden: tf.Tensor) -> tf.Tensor:
         """The last layer: ``hidden [T, N, H]`` → scores ``[T, N]``."""
         last = self.head_layer
-        return _linear(hidden, params[f"{last}/w"], params[f"{last}/b"], params.get(f"{last}/w{SHARED_OFFSET}"))[:, :, 0]
+        return _linear(hidden, params[f"{last}/w"], params[f"{last}/b"])[:, :, 0]
 
     def hidden(self, params: Params, dense: tf.Tensor, emb: tf.Tensor) -> tf.Tensor:
         """Everything but the last layer: the features a per-task head is fitted on ``[T, N, H]``."""
@@ -121,7 +96,7 @@ class DenseTower:
         if self.n_dense > 0:
             x = dense
             for i, layer in enumerate(self.bottom_layers):
-                x = _linear(x, params[f"{layer}/w"], params[f"{layer}/b"], params.get(f"{layer}/w{SHARED_OFFSET}"))
+                x = _linear(x, params[f"{layer}/w"], params[f"{layer}/b"])
                 if i < len(self.bottom_layers) - 1:
                     x = tf.nn.relu(x)
             bottom = x
@@ -139,5 +114,5 @@ class DenseTower:
             shape = tf.shape(v)
             x = tf.reshape(v, [shape[0], shape[1], self._n_vec * self.cfg.embedding_dim])
         for layer in self.top_layers[:-1]:
-            x = tf.nn.relu(_linear(x, params[f"{layer}/w"], params[f"{layer}/b"], params.get(f"{layer}/w{SHARED_OFFSET}")))
+            x = tf.nn.relu(_linear(x, params[f"{layer}/w"], params[f"{layer}/b"]))
         return x
