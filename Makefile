@@ -21,7 +21,7 @@ TEST_WORKERS ?= 2
 # --durations: the slowest tests close every run, so a test that grows is seen where it grows.
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
-.PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean image image-test
+.PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean image image-test jax-venv jax-compare
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
 
 $(VENV)/bin/python:
@@ -85,6 +85,20 @@ bench: install
 # Where the one-process meta step's time goes (docs/profile.md), dense math compiled and not.
 profile: install
 	$(PY) -m bench.profile_step
+
+# Bench only, never `make install`: a separate venv with JAX (bench/requirements-jax.txt) for
+# bench/jax_step.py, the same meta step as one jax.jit, to compare with TF's XLA program.
+JAX_VENV := .venv-jax
+jax-venv: $(JAX_VENV)/.stamp
+$(JAX_VENV)/.stamp: bench/requirements-jax.txt
+	$(PYTHON) -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/pip install -r bench/requirements-jax.txt
+	touch $@
+
+# gmeta's one-process step and the JAX step alternating in one window, and their HLO counts
+# (docs/profile.md, "TF's XLA program vs a JAX step").
+jax-compare: install jax-venv
+	$(PY) -m bench.jax_compare --jax-python $(JAX_VENV)/bin/python
 
 # The MovieLens cold-start comparison (examples/movielens): model quality, not speed.
 quality: install

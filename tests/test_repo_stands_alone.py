@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", "runs", "build", "dist", "__pycache__", ".pytest_cache", ".ruff_cache",
+SKIP_DIRS = {".git", ".venv", ".venv-jax", "runs", "build", "dist", "__pycache__", ".pytest_cache", ".ruff_cache",
              ".import_linter_cache", "out"}
 TEXT_SUFFIXES = {".py", ".md", ".txt", ".ini", ".cfg", ".toml", ".yaml", ".yml", ".j2", ".json", ".sh", ""}
 # Spelled in pieces so this file does not match itself (nor the before-stop check's own grep).
