@@ -1,6 +1,7 @@
 """Shared fixtures. Data is kept small: the CI machine has 2 cores shared with other jobs."""
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List
 
@@ -11,6 +12,19 @@ import pytest
 
 from gmeta_tf.config.schema import PrepareConfig
 from gmeta_tf.data import task_format as fmt
+
+
+@pytest.hookimpl(trylast=True)  # after tests/faults/conftest.py marks its modules
+def pytest_collection_modifyitems(items):
+    """Files with the most real-process (``integration``) tests run first.
+
+    ``make test`` hands whole files to its two xdist workers in collection order
+    (``--dist loadfile``), and alphabetical order put long cluster files (test_tfjob_emulation,
+    test_wire_distributed) last: one worker ran them while the other sat idle. The count of
+    integration tests is the cost proxy that needs no timing file (a clean clone has none);
+    the order inside a file is kept (a stable sort)."""
+    weight = Counter(str(item.path) for item in items if item.get_closest_marker("integration"))
+    items.sort(key=lambda item: -weight[str(item.path)])
 
 
 @pytest.fixture(scope="session")
