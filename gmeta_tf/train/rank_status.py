@@ -59,6 +59,9 @@ class ExitReason(str, Enum):
 
 # Stopped on request: the launcher says "stopped", not "failed", and says whether it checkpointed.
 STOPPED_REASONS = (ExitReason.PREEMPTED, ExitReason.GRACE_EXPIRED, ExitReason.SECOND_SIGNAL)
+# Exits the rank did not explain itself (its parent wrote them): its peers learn of them only by a
+# failed collective, so the launcher ends them at once (launch/local_cluster.py).
+SILENT_EXITS = (ExitReason.KILLED, ExitReason.EXITED)
 
 
 @dataclass(frozen=True)

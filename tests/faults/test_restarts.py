@@ -211,6 +211,9 @@ def test_killed_worker_restarts_the_cluster(tiny_data, tmp_path, no_orphans):
     code, out = _finish(proc, timeout=400)
     assert code == 0, out[-3000:]
     assert "restart 1/1: worker rank 1 failed (killed by SIGKILL)" in out, out[-3000:]
+    # the launcher read rank 1's death from its agent's record and ended rank 0 itself, rather
+    # than wait for rank 0's next collective to fail and horovodrun to notice (issue 42)
+    assert "[launch] worker rank 1 killed by SIGKILL: ending the other 1 rank(s) now" in out, out[-3000:]
     (restart,) = json.loads((run / "train_summary.json").read_text())["restarts"]
     assert restart["resumed_from_step"] == 20 and restart["steps_redone"] <= 1, restart
     # where the recovery went: every moment, launcher's and rank 0's, in the order they happen
