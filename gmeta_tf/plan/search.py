@@ -35,8 +35,12 @@ class _Space:
 
     def __init__(self, st: State, mem_per_ps: int, ev: Evaluator):
         self.ps, self.mem_per_ps, self.reg, self.ev = st.ps, mem_per_ps, st.reg, ev
-        self.allowed = {t.name: set(candidate_layouts(t, st.ps, mem_per_ps, st.slots)) for t in st.tables.values()}
-        ids = sorted({i for n, lays in self.allowed.items() for lay in lays for i in self.reg.ids(n, lay)}
+        # Shard ids are handed out in the candidates' own order: iterating a set of layouts
+        # (hashes of strings) numbered them by PYTHONHASHSEED, and the ids order the moves and
+        # break ties, so two processes planned the same tables differently.
+        layouts = {t.name: candidate_layouts(t, st.ps, mem_per_ps, st.slots) for t in st.tables.values()}
+        self.allowed = {n: set(lays) for n, lays in layouts.items()}
+        ids = sorted({i for n, lays in layouts.items() for lay in lays for i in self.reg.ids(n, lay)}
                      | {i for s in st.sets for i in s})
         self.solo = dict(zip(ids, ev.costs(self.reg, [frozenset([i]) for i in ids])))
 
