@@ -47,6 +47,11 @@ class Registry:
             got = self._ids[k] = tuple(got)
         return got
 
+    def interned(self, name: str, lay: ShardLayout) -> Optional[Tuple[int, ...]]:
+        """``ids`` if that layout's shards have ids already, else ``None`` (interns nothing: the
+        search's fast path must not change the order ids are handed out in)."""
+        return self._ids.get((name, lay))
+
 
 class Evaluator:
     """Memoised ``cost_model.ps_cost`` of a PS's shard set (the search asks for the same sets often).

@@ -35,8 +35,12 @@ class _Space:
 
     def __init__(self, st: State, mem_per_ps: int, ev: Evaluator):
         self.ps, self.mem_per_ps, self.reg, self.ev = st.ps, mem_per_ps, st.reg, ev
-        self.allowed = {t.name: set(candidate_layouts(t, st.ps, mem_per_ps, st.slots)) for t in st.tables.values()}
-        ids = sorted({i for n, lays in self.allowed.items() for lay in lays for i in self.reg.ids(n, lay)}
+        # Shard ids are handed out in the candidates' own order: iterating a set of layouts
+        # (hashes of strings) numbered them by PYTHONHASHSEED, and the ids order the moves and
+        # break ties, so two processes planned the same tables differently.
+        layouts = {t.name: candidate_layouts(t, st.ps, mem_per_ps, st.slots) for t in st.tables.values()}
+        self.allowed = {n: set(lays) for n, lays in layouts.items()}
+        ids = sorted({i for n, lays in layouts.items() for lay in lays for i in self.reg.ids(n, lay)}
                      | {i for s in st.sets for i in s})
         self.solo = dict(zip(ids, ev.costs(self.reg, [frozenset([i]) for i in ids])))
 
@@ -147,25 +151,121 @@ def _exact(st: State, sp: _Space, cands) -> List[Tuple[Key, Move, dict]]:
     return out
 
 
+def _surrogate_slow(st: State, sp: _Space, mv: Move) -> Optional[Tuple[float, float]]:
+    """The additive surrogate of one move, from ``_delta`` (``None``: infeasible).
+
+    The reference ``_Ranker`` must match bit for bit, and its fallback for moves whose shards
+    are not all interned and costed yet (here ``_delta`` interns them and ``solo_cost`` scores
+    them, in move order, exactly as the search always did).
+    """
+    d = _delta(st, sp, mv)
+    if d is None:
+        return None
+    approx = list(st.costs)
+    for p, (r, a, _) in d.items():
+        approx[p] += sum(sp.solo_cost(i) for i in a) - sum(sp.solo_cost(i) for i in r)
+    return max(approx), sum(approx)
+
+
+class _Ranker:
+    """The additive surrogate of many moves from one state, without building ``_delta``'s dicts.
+
+    Why: ranking is the search's hot loop (millions of moves per suite), and ``_delta`` builds
+    lists, sets and tuples per move. Here each table's current shards ``(PS, solo cost, bytes)``
+    and each candidate layout's ``(solo cost, bytes)`` are looked up once per state, and a move
+    only folds those into its PS. The arithmetic is ``_surrogate_slow``'s, in its order: per PS
+    a sequential sum of the added shards' solo costs and one of the removed ones' (move order,
+    then shard order), ``cost + (added - removed)``, then ``max`` and ``sum`` over all PS. So
+    the ranking, ties included, is unchanged. Built per state: a commit invalidates it.
+
+    A move that names a layout the registry has not interned yet, or a shard with no solo cost
+    yet, goes to ``_surrogate_slow``, which interns and costs it as the search always did (the
+    order of those side effects decides shard ids and the evaluator's cache).
+    """
+
+    def __init__(self, st: State, sp: _Space):
+        self.st, self.sp = st, sp
+        self._cur: dict = {}  # table -> (its shards now as ((PS, solo, bytes), ...), their (solo, bytes))
+        self._new: dict = {}  # (table, kind, parts) -> ((solo, bytes), ...), or None
+
+    def _lookup(self, ids) -> Optional[tuple]:
+        solo, nb = self.sp.solo, self.sp.reg.nbytes
+        out = []
+        for i in ids:
+            c = solo.get(i)
+            if c is None:
+                return None
+            out.append((c, nb[i]))
+        return tuple(out)
+
+    def _current(self, name: str) -> Optional[tuple]:
+        got = self._cur.get(name)
+        if got is None:
+            st = self.st
+            ids = self.sp.reg.interned(name, st.layout[name])
+            terms = None if ids is None else self._lookup(ids)
+            if terms is None:  # not cached: the fallback may cost the missing shards later
+                return None
+            got = self._cur[name] = (tuple((p, c, b) for p, (c, b) in zip(st.where[name], terms)), terms)
+        return got
+
+    def _layout(self, name: str, lay: ShardLayout) -> Optional[tuple]:
+        k = (name, lay.kind, lay.parts)
+        got = self._new.get(k)
+        if got is None:
+            ids = self.sp.reg.interned(name, lay)
+            got = None if ids is None else self._lookup(ids)
+            if got is not None:
+                self._new[k] = got
+        return got
+
+    def approx(self, mv: Move) -> Optional[Tuple[float, float]]:
+        """``_surrogate_slow(st, sp, mv)``, bit for bit."""
+        st = self.st
+        layout = st.layout
+        acc: dict = {}  # PS -> [sum of added solo costs, sum of removed ones, memory change]
+        for name, lay, where in mv:
+            cur = self._current(name)
+            new = None if cur is None else (cur[1] if lay is layout[name] else self._layout(name, lay))
+            if new is None:
+                return _surrogate_slow(st, self.sp, mv)
+            for p, c, b in cur[0]:
+                e = acc.get(p)
+                if e is None:
+                    e = acc[p] = [0, 0, 0]
+                e[1] += c
+                e[2] -= b
+            for (c, b), p in zip(new, where):
+                e = acc.get(p)
+                if e is None:
+                    e = acc[p] = [0, 0, 0]
+                e[0] += c
+                e[2] += b
+        mem, limit = st.mem, self.sp.mem_per_ps
+        approx = list(st.costs)
+        for p, (a, r, dm) in acc.items():
+            if mem[p] + dm > limit:
+                return None
+            approx[p] += a - r
+        return max(approx), sum(approx)
+
+
 def _score(st: State, sp: _Space, moves: List[Move], top_k: int):
     """Best feasible move by the cost model, among the ``top_k`` best by the additive surrogate.
 
     The surrogate (a PS's cost + the added shards' costs alone - the removed ones') ranks the
     thousands of candidate moves cheaply; the cost model then scores only the most promising.
     """
+    ranker = _Ranker(st, sp)
     ranked = []
-    for mv in moves:
-        d = _delta(st, sp, mv)
-        if d is None:
-            continue
-        approx = list(st.costs)
-        for p, (r, a, _) in d.items():
-            approx[p] += sum(sp.solo_cost(i) for i in a) - sum(sp.solo_cost(i) for i in r)
-        ranked.append(((max(approx), sum(approx)), len(ranked), mv, d))
+    for idx, mv in enumerate(moves):
+        key = ranker.approx(mv)
+        if key is not None:
+            ranked.append((key, idx, mv))
     if not ranked:
         return None
     ranked.sort(key=lambda x: x[:2])
-    scored = _exact(st, sp, [(mv, d) for _, _, mv, d in ranked[:top_k]])
+    scored = _exact(st, sp, [(mv, _delta(st, sp, mv)) for _, _, mv in ranked[:top_k]])
     return min(scored, key=lambda x: x[0])
 
 
