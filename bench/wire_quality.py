@@ -9,9 +9,12 @@ there is a wire (two or more workers and PS), so every run here is ``gmeta launc
 * ``bf16``: ``exact`` + ``cluster.wire_dtype=bfloat16``;
 * ``stale``: ``exact`` with ``model.hot_sync_every=4``;
 * ``lean``: both;
-* ``exact_repeat``: ``exact`` again. Two workers are not bit-deterministic run to run (the
+* ``exact_repeat``: ``exact`` again. Two workers need not be bit-deterministic run to run (the
   sparse updates reach the PS in whatever order the ranks send them), so exact against exact is
-  the noise floor an option's difference has to be read against.
+  the floor of run-to-run noise (on this box it has come out bit-identical: 0);
+* ``exact_seed1``: ``exact`` with seed 1 for the model, the data order and the training draws:
+  how far another seed alone moves the metric, the yardstick an option's difference is read
+  against (it is not what the rule reads: the interval over users is).
 
 Each run's last checkpoint is scored on the **validation users only** with the project's
 evaluation (``evaluate_tasks``: adapt on each user's support, score its query), and each option
@@ -52,6 +55,8 @@ OPTIONS: Dict[str, List[str]] = {
 }
 COMPARED = ("bf16", "stale", "lean")
 REPEAT = "exact_repeat"
+SEED = "exact_seed1"
+FLOORS = {REPEAT: [], SEED: ["model.seed=1", "data.seed=1", "train.seed=1"]}  # rows without a verdict
 TIMEOUT_S = 240
 
 
@@ -71,7 +76,7 @@ class Dataset:
 # process): 200 on the synthetic set, as bench/hot_split.py; 150 on MovieLens, where the example's
 # early stopping on fold 0's valid users stopped FOMAML (step 140, bench/quality.json). On a
 # 2-core box a run is ~27 s of start-up (four TF processes), ~15 s of steps and ~7 s of scoring:
-# one dataset's five runs take ~4.5 min, the section ~9 (GMETA_BENCH_WIRE_QUALITY runs one).
+# one dataset's six runs take ~5 min, the section ~10 (GMETA_BENCH_WIRE_QUALITY runs one).
 DATASETS = (
     Dataset("synthetic", "configs/quickstart.yaml", "maml", "auc", 200,
             ["data.tasks_per_batch=16"]),
@@ -90,18 +95,18 @@ def may_default(verdict: str) -> bool:
 
 
 def summarize(metric: str, scorer: str, scores: Mapping[str, TaskScores], boot: Bootstrap) -> Dict[str, Dict]:
-    """Each of ``COMPARED`` (and ``exact_repeat``) present in ``scores`` against ``exact``: the
+    """Each of ``COMPARED`` (and ``FLOORS``) present in ``scores`` against ``exact``: the
     paired difference (option − exact) of ``metric`` for ``scorer`` over the same users, its
     interval, the verdict, whether the rule lets it become a default, and both pooled values."""
     exact = scores["exact"]
     out: Dict[str, Dict] = {"exact": {"value": exact.metric(scorer, metric), "users": len(exact.task_ids)}}
-    for name in (*COMPARED, REPEAT):
+    for name in (*COMPARED, *FLOORS):
         if name not in scores:
             continue
         other = exact.aligned(scores[name])  # the same users in the same order, or ValueError
         d = paired_difference(metric, other.scorers[scorer][metric], exact.scorers[scorer][metric], boot)
         row = {"value": other.metric(scorer, metric), "diff": d["diff"], "low": d["ci_low"], "high": d["ci_high"]}
-        if name != REPEAT:
+        if name not in FLOORS:
             row.update(verdict=d["verdict"], may_default=may_default(d["verdict"]))
         out[name] = row
     return out
@@ -117,12 +122,12 @@ def format_table(results: Mapping[str, Dict], datasets: Sequence[Dataset] = DATA
             continue
         lines.append(f"| {ds.name} ({ds.metric}, {res['exact']['users']} users) | exact | "
                      f"{res['exact']['value']:.4f} | | | | |")
-        for name in (*COMPARED, REPEAT):
+        for name in (*COMPARED, *FLOORS):
             r = res.get(name)
             if r is None:
                 continue
-            verdict = r.get("verdict", "noise floor")
-            default = "" if name == REPEAT else ("yes" if r["may_default"] else "no")
+            verdict = r.get("verdict", "(yardstick)")
+            default = "" if name in FLOORS else ("yes" if r["may_default"] else "no")
             lines.append(f"| | {name} | {r['value']:.4f} | {r['diff']:+.4f} | [{r['low']:+.4f}, {r['high']:+.4f}] | "
                          f"{verdict} | {default} |")
     return "\n".join(lines)
@@ -198,9 +203,9 @@ def measure(work: Path, datasets: Sequence[Dataset] = DATASETS, log=print) -> Di
         data = _with_profile(prepared_data()[0] if ds.name == "synthetic" else _prepare_movielens(work))
         scores: Dict[str, TaskScores] = {}
         seconds: Dict[str, float] = {}
-        for name in ("exact", *COMPARED, REPEAT):
+        for name in ("exact", *COMPARED, *FLOORS):
             run = work / "wire_quality" / ds.name / name
-            seconds[name] = round(_train(ds, data, run, OPTIONS.get(name, [])), 1)
+            seconds[name] = round(_train(ds, data, run, OPTIONS.get(name) or FLOORS[name]), 1)
             scores[name] = _score(ds, run)
             log(f"  wire_quality {ds.name} {name}: {ds.metric} {scores[name].metric(ds.algo, ds.metric):.4f} "
                 f"({seconds[name]:.0f} s)")

@@ -31,7 +31,8 @@ def test_auc_options_read_better_worse_and_cant_tell():
               "bf16": _scores("auc", exact + rng.normal(0, 0.01, USERS)),  # noise around 0
               "stale": _scores("auc", exact - 0.02 + rng.normal(0, 0.005, USERS)),  # clearly lower AUC
               "lean": _scores("auc", exact + 0.02 + rng.normal(0, 0.005, USERS)),  # clearly higher
-              "exact_repeat": _scores("auc", exact + rng.normal(0, 0.002, USERS))}
+              "exact_repeat": _scores("auc", exact + rng.normal(0, 0.002, USERS)),
+              "exact_seed1": _scores("auc", exact - 0.02 + rng.normal(0, 0.005, USERS))}
     out = summarize("auc", "model", scores, BOOT)
     assert out["exact"] == {"value": pytest.approx(exact.mean()), "users": USERS}
     assert out["bf16"]["verdict"] == "can't tell" and out["bf16"]["low"] < 0 < out["bf16"]["high"]
@@ -42,6 +43,7 @@ def test_auc_options_read_better_worse_and_cant_tell():
     # the noise floor: an interval, no verdict or rule (it is not an option)
     assert set(out["exact_repeat"]) == {"value", "diff", "low", "high"}
     assert out["exact_repeat"]["low"] <= out["exact_repeat"]["diff"] <= out["exact_repeat"]["high"]
+    assert set(out["exact_seed1"]) == {"value", "diff", "low", "high"} and out["exact_seed1"]["high"] < 0
 
 
 def test_mae_reads_a_higher_error_as_worse():
@@ -52,7 +54,7 @@ def test_mae_reads_a_higher_error_as_worse():
                                      "stale": _scores("mae", exact - 0.03 + rng.normal(0, 0.005, USERS))}, BOOT)
     assert out["bf16"]["diff"] > 0 and out["bf16"]["verdict"] == "worse" and not out["bf16"]["may_default"]
     assert out["stale"]["diff"] < 0 and out["stale"]["verdict"] == "better" and out["stale"]["may_default"]
-    assert "lean" not in out and "exact_repeat" not in out  # only the runs present
+    assert "lean" not in out and "exact_repeat" not in out and "exact_seed1" not in out  # only the runs present
 
 
 def test_users_pair_by_id_not_by_position():
