@@ -183,6 +183,11 @@ def _score(ds: Dataset, run: Path) -> TaskScores:
     return evaluate_tasks(model, cfg, ds.algo, SPLIT, with_baselines=False)[1]
 
 
+def run_sets(name: str) -> List[str]:
+    """What run ``name`` (an option or a floor) sets on top of ``exact``'s settings."""
+    return list(OPTIONS[name] if name in OPTIONS else FLOORS[name])
+
+
 def pick(names: str | None) -> List[Dataset]:
     """The ``DATASETS`` named in ``names`` (comma-separated, e.g. ``GMETA_BENCH_WIRE_QUALITY``;
     all when empty); a ``ValueError`` naming an unknown one."""
@@ -205,7 +210,7 @@ def measure(work: Path, datasets: Sequence[Dataset] = DATASETS, log=print) -> Di
         seconds: Dict[str, float] = {}
         for name in ("exact", *COMPARED, *FLOORS):
             run = work / "wire_quality" / ds.name / name
-            seconds[name] = round(_train(ds, data, run, OPTIONS.get(name) or FLOORS[name]), 1)
+            seconds[name] = round(_train(ds, data, run, run_sets(name)), 1)
             scores[name] = _score(ds, run)
             log(f"  wire_quality {ds.name} {name}: {ds.metric} {scores[name].metric(ds.algo, ds.metric):.4f} "
                 f"({seconds[name]:.0f} s)")

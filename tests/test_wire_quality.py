@@ -92,3 +92,12 @@ def test_pick_names_datasets_or_refuses():
     assert [d.name for d in pick("movielens")] == ["movielens"]
     with pytest.raises(ValueError, match="unknown wire_quality dataset"):
         pick("movielens,imagenet")
+
+
+def test_every_run_has_its_settings():
+    from bench.wire_quality import FLOORS, OPTIONS, run_sets
+
+    assert run_sets("exact") == [] and run_sets("exact_repeat") == []  # empty, not missing
+    assert run_sets("lean") == ["cluster.wire_dtype=bfloat16", "model.hot_sync_every=4"]
+    assert "model.seed=1" in run_sets("exact_seed1")
+    assert set(OPTIONS) | set(FLOORS) == {"exact", "bf16", "stale", "lean", "exact_repeat", "exact_seed1"}
