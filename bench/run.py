@@ -1,7 +1,8 @@
 """``make bench``: every benchmark, one table, one JSON file (``bench/results.json``).
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
-``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``, ``faults``, ``network``); the other sections' previous results stay in the
+``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``, ``faults``, ``network``,
+``wire_quality``); the other sections' previous results stay in the
 JSON file. ``--help`` lists them.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
@@ -134,6 +135,17 @@ def bench_network(results: Dict) -> None:
     results["network"] = measure(WORK / "network")
 
 
+def bench_wire_quality(results: Dict) -> None:
+    import os
+
+    from bench.wire_quality import measure, pick
+
+    # bf16 on the wire and a stale hot tier against exact fp32 every-step sync, validation users.
+    # GMETA_BENCH_WIRE_QUALITY=synthetic (or movielens) runs one dataset; the other's rows stay.
+    datasets = pick(os.environ.get("GMETA_BENCH_WIRE_QUALITY"))
+    results["wire_quality"] = {**results.get("wire_quality", {}), **measure(WORK, datasets)}
+
+
 def bench_export(results: Dict) -> None:
     from bench.export_lookup import measure
 
@@ -145,7 +157,8 @@ SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed"
                                                 "startup": bench_startup, "serve": bench_serve,
                                                 "export": bench_export, "delivery": bench_delivery,
                                                 "faults": bench_faults,
-                                                "network": bench_network}
+                                                "network": bench_network,
+                                                "wire_quality": bench_wire_quality}
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
@@ -245,6 +258,14 @@ HEADLINES = [
     ("network.unshaped_over_default.hot_stale", "… unshaped: hot split synced every 4 / default", ""),
     ("network.auto.picks_faster", "… hot_split auto (rows by bytes, told the rate) within 5% of the faster of split on / off, every point",
      "true"),
+    ("wire_quality.synthetic.bf16.diff", "valid AUC, bf16 wire - exact fp32 (synthetic, 2w2ps; interval in JSON)", ""),
+    ("wire_quality.synthetic.stale.diff", "… hot tier synced every 4 - every step", ""),
+    ("wire_quality.synthetic.lean.diff", "… both", ""),
+    ("wire_quality.synthetic.exact_repeat.diff", "… exact - exact again (the run-to-run noise floor)", ""),
+    ("wire_quality.movielens.bf16.diff", "valid MAE, bf16 wire - exact fp32 (MovieLens fold 0, 2w2ps)", ""),
+    ("wire_quality.movielens.stale.diff", "… hot tier synced every 4 - every step", ""),
+    ("wire_quality.movielens.lean.diff", "… both", ""),
+    ("wire_quality.movielens.exact_repeat.diff", "… exact - exact again (the run-to-run noise floor)", ""),
     ("delivery.steps_ratio_warm_over_scratch", "steps to the from-scratch best valid AUC, warm start / scratch", "≤ 0.25"),
     ("delivery.time_ratio_warm_over_scratch", "… same, wall time", "≤ 0.25"),
 ]
@@ -262,7 +283,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         print(f"usage: python -m bench.run [SECTION ...]\nsections: {', '.join(SECTIONS)} (default: all)\n"
-              f"GMETA_BENCH_NETWORK=full: the network section's five-rate sweep with TFRA's per-table path")
+              f"GMETA_BENCH_NETWORK=full: the network section's five-rate sweep with TFRA's per-table path\n"
+              f"GMETA_BENCH_WIRE_QUALITY=synthetic|movielens: the wire_quality section on one dataset")
         return 0
     wanted = argv or list(SECTIONS)  # e.g. `python -m bench.run hot_split` runs one section
     unknown = [n for n in wanted if n not in SECTIONS]
@@ -280,7 +302,8 @@ def main(argv=None) -> int:
     width = max(len(label) for _, label, _, _ in rows)
     print(f"\n{'benchmark'.ljust(width)}  {'value':>10}  target   key")
     for key, label, target, value in rows:
-        v = "-" if value is None else f"{value:,.2f}"
+        # quality differences (wire_quality) live in the third decimal: small values get four
+        v = "-" if value is None else f"{value:,.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:.4f}"
         print(f"{label.ljust(width)}  {v:>10}  {target:7}  {key}")
     print(f"\nwrote {RESULTS}")
     return 0
