@@ -355,9 +355,10 @@ class LocalCluster:
     def teardown_workers(self) -> None:
         """End every process but the PS, and forget them and their exits: the cluster's PS serve
         the next set of workers (a restart after a lost worker, ``launch/supervisor.py``)."""
-        workers = [c for c in reversed(self.children) if c not in self.ps_children()]
+        ps = self.ps_children()
+        workers = [c for c in reversed(self.children) if c not in ps]
         self._end(workers)
-        self.children = [c for c in self.children if c not in workers]
+        self.children = [c for c in self.children if c in ps]
         self.exit_order, self.first_failure_at, self._survivors_ended = [], None, False
 
     def _end(self, children: List[Child]) -> None:

@@ -312,14 +312,6 @@ def select_by_bytes(cfg) -> bool:
     return cfg.hot.select == "bytes" or (cfg.hot.select == "auto" and cfg.model.hot_split == "auto")
 
 
-def paying(cfg, profiles, dims: Dict[str, int], bounds: Dict[str, int], workers: int,
-           value_bytes: int = 4) -> Dict[str, TablePay]:
-    """Per table, the profile's rows that save link bytes as hot rows (``hot/by_bytes.py``) for
-    this job: ``workers`` ranks syncing every ``model.hot_sync_every`` steps."""
-    return paying_rows(profiles, dims, lookups_per_step(cfg, bounds), workers, cfg.model.hot_sync_every,
-                       value_bytes, cfg.hot.min_count)
-
-
 def choose_hot_set(cfg, profiles, dims: Dict[str, int], bounds: Dict[str, int], workers: int,
                    value_bytes: int = 4, log=None) -> HotSet:
     """The hot set for this config and job: by lookups per byte within ``hot.budget``, only among
@@ -327,7 +319,8 @@ def choose_hot_set(cfg, profiles, dims: Dict[str, int], bounds: Dict[str, int], 
     same from the same inputs."""
     cap = None
     if select_by_bytes(cfg):
-        pay = paying(cfg, profiles, dims, bounds, workers, value_bytes)
+        pay: Dict[str, TablePay] = paying_rows(profiles, dims, lookups_per_step(cfg, bounds), workers,
+                                               cfg.model.hot_sync_every, value_bytes, cfg.hot.min_count)
         cap = {t: p.rows for t, p in pay.items()}
         if log is not None:
             every = cfg.model.hot_sync_every
