@@ -101,3 +101,12 @@ def test_every_run_has_its_settings():
     assert run_sets("lean") == ["cluster.wire_dtype=bfloat16", "model.hot_sync_every=4"]
     assert "model.seed=1" in run_sets("exact_seed1")
     assert set(OPTIONS) | set(FLOORS) == {"exact", "bf16", "stale", "lean", "exact_repeat", "exact_seed1"}
+
+
+def test_make_bench_runs_the_guard_only_when_named():
+    """``make bench`` (no section named) keeps within its 45 minutes: the guard's ten minutes of
+    2-worker trainings run when asked for, ``python -m bench.run wire_quality``."""
+    from bench.run import SECTIONS, default_sections
+
+    assert "wire_quality" in SECTIONS and "wire_quality" not in default_sections()
+    assert "network" in default_sections() and "faults" in default_sections()
