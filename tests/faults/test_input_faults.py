@@ -75,7 +75,7 @@ def test_killed_prepare_leaves_nothing_the_next_one_keeps(tiny_data, tmp_path):
         while not list(tmp_path.glob("prepared.tmp-*")) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(random.Random(SEED).uniform(0.0, 0.5))
-        os.kill(proc.pid, signal.SIGKILL)
+        proc.send_signal(signal.SIGKILL)  # nothing if it already finished (and was reaped by poll)
     finally:
         proc.kill()
         proc.wait()
