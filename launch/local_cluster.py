@@ -47,6 +47,7 @@ from gmeta_tf.quiet import NOISE
 from gmeta_tf.stop_signals import StopSignals
 from gmeta_tf.train import rank_status
 from gmeta_tf.train.rank_status import STATUS_DIR_ENV, STOP_FILE, STOP_FILE_ENV, RankStatus, StopRequest
+from launch.horovodrun import argv as hvd_launch_argv
 from launch.rank_agent import RANK_ARGV_ENV, agent_argv
 
 LAUNCH_ID_ENV = "GMETA_LAUNCH_ID"  # set on every child, so tests can prove none outlives a launch
@@ -183,10 +184,11 @@ class LocalCluster:
                     env: Optional[Dict[str, str]] = None, shown: Optional[List[str]] = None) -> int:
         """Run ``worker_argv`` as ``workers`` ranks under ``horovodrun`` to its end (``shown``: the
         command the log line names instead, when ``worker_argv`` wraps it)."""
-        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-        argv = [horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
-        self.log(f"[launch] {shlex.join(argv + (shown or worker_argv))}")
-        return self.wait_workers([self.spawn("horovodrun", argv + worker_argv, env=env)], timeout_s)
+        args = ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+        horovodrun = str(Path(sys.executable).with_name("horovodrun"))  # what the line shows: the same run
+        self.log(f"[launch] {shlex.join([horovodrun, *args, *(shown or worker_argv)])}")
+        argv = [*hvd_launch_argv(), *args, *worker_argv]  # horovodrun without its per-launch Gloo probe
+        return self.wait_workers([self.spawn("horovodrun", argv, env=env)], timeout_s)
 
     def train(self, workers: int, train_args: List[str], timeout_s: Optional[float] = None) -> int:
         """``gmeta train train_args`` as ``workers`` Horovod ranks against this cluster's PS, each

@@ -30,10 +30,8 @@ log = logging.getLogger("gmeta.ps")
 def load_tfra_kernels() -> List[str]:
     """Load every TFRA op library this PS may be asked to run. Returns the ones loaded."""
     import tensorflow as tf
-    import tensorflow_recommenders_addons as tfra
-    import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401
 
-    import gmeta_tf  # noqa: F401  (TF_USE_LEGACY_KERAS first)
+    from gmeta_tf.embedding.tfra import tfra  # sets TF_USE_LEGACY_KERAS first (gmeta_tf/__init__.py)
 
     core = os.path.join(os.path.dirname(tfra.__file__), "dynamic_embedding", "core")
     loaded = []

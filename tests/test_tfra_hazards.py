@@ -4,6 +4,11 @@ If a TFRA upgrade changes the private behaviour ``embedding/naming.py`` relies o
 (The cross-process ones — PS tables shared by workers, concurrent creation — are in
 ``test_distributed.py`` with real PS processes.)
 """
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
@@ -110,3 +115,34 @@ def test_every_tables_adam_moments_follow_the_recurrence():
             for k, row in zip(keys, g):
                 expected = 0.9 * m0.get(k, np.zeros(4)) + 0.1 * row
                 np.testing.assert_allclose(m1[k], expected, rtol=1e-4, atol=1e-7)
+
+
+_TFRA_STATE = """
+import json, sys
+{setup}
+from tensorflow_recommenders_addons.dynamic_embedding.python.keras import models
+from tensorflow_recommenders_addons.dynamic_embedding.python.ops import tf_save_restore_patch as patch
+print(json.dumps({{"keras3": "keras" in sys.modules, "sklearn": "sklearn" in sys.modules,
+                  "patch": repr(patch.keras_saved_model_save), "models": repr(models.keras_saved_model_save),
+                  "de": hasattr(sys.modules["tensorflow_recommenders_addons"], "dynamic_embedding")}}))
+"""
+
+
+def _tfra_state(setup: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", _TFRA_STATE.format(setup=setup)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_tfra_is_imported_without_keras3_and_ends_in_the_same_state():
+    """TFRA 0.8.1 looks for the Keras 2 module ``keras.saving.saved_model``; Keras 3 has none, so a
+    plain import loads all of Keras 3 (and scikit-learn) to fail (1.1 s of CPU in each PS and rank).
+    Through gmeta_tf/embedding/tfra.py the same lookup fails at once: TFRA's patches end the same
+    (none applied), and Keras 3 is never imported."""
+    plain = _tfra_state("import gmeta_tf\nimport tensorflow_recommenders_addons.dynamic_embedding")
+    ours = _tfra_state("from gmeta_tf.embedding.tfra import de")
+    assert plain["keras3"] and plain["sklearn"], plain  # the hazard: still there in TFRA 0.8.1?
+    assert not ours["keras3"] and not ours["sklearn"], ours
+    assert ours["patch"] == plain["patch"] == "None" and ours["models"] == plain["models"] == "None"
+    assert ours["de"] and plain["de"]

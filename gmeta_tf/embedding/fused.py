@@ -44,7 +44,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_recommenders_addons as tfra
 from tensorflow.python.trackable import base as trackable
 
 from gmeta_tf.embedding import initial_rows
@@ -52,8 +51,7 @@ from gmeta_tf.embedding.fused_keys import KeyCodec
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name
 from gmeta_tf.embedding.table import EmbeddingTable, UniqueIds, UniqueLookup, initial_capacity
 from gmeta_tf.embedding.table_files import export_variable, import_variable
-
-de = tfra.dynamic_embedding
+from gmeta_tf.embedding.tfra import de
 
 # The measured answer for ``auto`` (docs/profile.md): fused where a group has more than one
 # table, one process and PS alike. On a PS it runs 6x fewer hash-table ops a step (84 -> 14 at 7

@@ -15,14 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
-import tensorflow_recommenders_addons as tfra
 
 from gmeta_tf.embedding.fused import looked_up_together
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.ps_requests import PsRequests
 from gmeta_tf.embedding.table import Table, UniqueIds, UniqueLookup
-
-de = tfra.dynamic_embedding
+from gmeta_tf.embedding.tfra import de
 
 
 @dataclass

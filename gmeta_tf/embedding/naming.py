@@ -21,10 +21,9 @@ from __future__ import annotations
 import itertools
 import os
 
-import tensorflow_recommenders_addons as tfra
 from tensorflow.python.eager import context
 
-de = tfra.dynamic_embedding
+from gmeta_tf.embedding.tfra import de
 
 _local_namespace_counter = itertools.count()
 

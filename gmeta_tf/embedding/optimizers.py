@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Tuple
 
 import tensorflow as tf
-import tensorflow_recommenders_addons as tfra
+
+from gmeta_tf.embedding.tfra import tfra
 
 BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-7
 FLOAT_BYTES = 4

@@ -55,15 +55,12 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
-import tensorflow_recommenders_addons as tfra
 
 from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.optimizers import TableOptimizers, optimizer_kind, row_update
 from gmeta_tf.embedding.table import EmbeddingTable
 from gmeta_tf.embedding.wire import Wire
-
-de = tfra.dynamic_embedding
 
 MODES = ("auto", "per_table", "per_ps")
 # The name scopes of this module's ops: ``bench/ps_rpcs.py`` and the profile bucket by them.

@@ -16,16 +16,11 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_recommenders_addons as tfra
-from tensorflow_recommenders_addons.dynamic_embedding.python.ops.dynamic_embedding_variable import (
-    default_partition_fn,
-)
 
 from gmeta_tf.embedding import initial_rows
 from gmeta_tf.embedding.naming import NamedCuckooHashTableCreator, variable_name
 from gmeta_tf.embedding.table_files import export_variable, slot_name
-
-de = tfra.dynamic_embedding
+from gmeta_tf.embedding.tfra import de, default_partition_fn
 
 
 @dataclass
