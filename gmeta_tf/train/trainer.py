@@ -31,6 +31,7 @@ from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
+from gmeta_tf.process import process_start_unix
 from gmeta_tf.train.checkpoint import CheckpointManager
 from gmeta_tf.train.failures import is_peer_failure, step_failure_error
 from gmeta_tf.train.fault_pause import freeze, pause_point
@@ -114,7 +115,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     # From here a stop signal asks for a checkpoint at the next agreed step (preemption.py); the
     # CLI entered rank_life before Horovod started, an in-process caller gets one here.
     with rank_life(cfg, run_dir, rt.log, rt.rank) as watch:
-        marks = {"rank_started": _process_start_unix(), "rank_joined": time.time()}  # a restart's timeline
+        marks = {"rank_started": process_start_unix(), "rank_joined": time.time()}  # a restart's timeline
         built = build_tables_once(cfg, schema, rt, run_dir)
         built.ckpt.log = rt.log
         start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume, warm)
@@ -124,13 +125,6 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         marks["rank_restored"] = time.time()
         run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation, watch, marks)
         return write_summary(cfg, rt, run_dir, built.model, tracker, run)
-
-
-def _process_start_unix() -> float:
-    """When this process started (the first moment of a restarted rank's timeline)."""
-    import psutil
-
-    return psutil.Process().create_time()
 
 
 def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
