@@ -60,6 +60,13 @@ def terms_payload(terms: Sequence[Sequence[float]]) -> float:
     return float(sum(row_payload_bytes(d) * u for _, u, d, _ in terms))
 
 
+def _terms(shard_lists: Sequence[Sequence[Shard]], samples_per_step: int) -> List[List[tuple]]:
+    from gmeta_tf.plan.cost_model import shard_terms
+
+    sps = int(samples_per_step)
+    return [[shard_terms(s.rows, s.dim, s.pooling, s.skew, sps) for s in shards] for shards in shard_lists]
+
+
 class NetworkCostModel:
     """A ``CostModel`` plus each PS's link time: the same contract, milliseconds per step."""
 
@@ -74,11 +81,12 @@ class NetworkCostModel:
         return self.ps_costs([shards], samples_per_step)[0]
 
     def ps_costs(self, shard_lists: Sequence[Sequence[Shard]], samples_per_step: int) -> List[float]:
-        from gmeta_tf.plan.cost_model import shard_terms
+        return self.predict_terms(_terms(shard_lists, samples_per_step)).tolist()
 
-        sps = int(samples_per_step)
-        return self.predict_terms([[shard_terms(s.rows, s.dim, s.pooling, s.skew, sps) for s in shards]
-                                   for shards in shard_lists]).tolist()
+    def payloads(self, shard_lists: Sequence[Sequence[Shard]], samples_per_step: int) -> List[float]:
+        """Payload bytes per step of each PS's shards: what the link term divides by the rate
+        (the ``sharding_network`` bench compares it with the bytes its links counted)."""
+        return [terms_payload(t) for t in _terms(shard_lists, samples_per_step)]
 
     def predict_terms(self, terms_list: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
         cpu = self.base.predict_terms(terms_list)

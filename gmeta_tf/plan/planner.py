@@ -7,7 +7,7 @@ path and one result type (``Plan``).
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Evaluator, Plan, Registry, State, to_plan
@@ -100,6 +100,25 @@ def make_plan(tables: List[TableStats], ps: int, mem_per_ps: int, algo: str = "p
     plan = to_plan(best, "planner", mem_per_ps, samples_per_step)
     plan.baselines = scores
     return plan
+
+
+def baseline_plans(tables: List[TableStats], ps: int, mem_per_ps: int, **kw) -> Dict[str, Plan]:
+    """Every greedy baseline's plan that fits (``make_plan``'s keywords): what ``gmeta plan`` and
+    the ``sharding_network`` bench compare the planner with; a baseline that cannot place the
+    tables in this memory is left out, as ``gmeta plan`` leaves it out of its comparison."""
+    out: Dict[str, Plan] = {}
+    for b in BASELINES:
+        try:
+            out[b] = make_plan(tables, ps, mem_per_ps, b, **kw)
+        except PlanError:
+            pass
+    return out
+
+
+def step_samples(data, workers: int) -> int:
+    """Samples whose ids reach the PS tier per step, all workers together (``data``: the
+    config's ``data`` section): each worker's meta-batch, support and query."""
+    return int(workers) * data.tasks_per_batch * (data.support + data.query)
 
 
 def optimizer_slots_for(optimizer: str) -> int:
