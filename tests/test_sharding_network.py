@@ -8,7 +8,7 @@ import pytest
 from bench.network_paths import combine
 from bench.sharding.network import Arm, order, plan_arms, summarize
 from gmeta_tf.plan.cost_model import load_cost_model, ratio_error
-from gmeta_tf.plan.network import NetworkCostModel, with_network
+from gmeta_tf.plan.network import BUSIER_DIRECTION, NetworkCostModel, with_network
 from gmeta_tf.plan.placement_file import read_placement
 from gmeta_tf.plan.planner import make_plan, step_samples
 from gmeta_tf.plan.spec import N_SKEW_BINS, TableStats
@@ -23,9 +23,9 @@ TABLES = [TableStats("item", 20_000, 16, 1.0, FLAT), TableStats("tags", 5_000, 1
 
 
 def test_the_link_rate_reaches_the_planner_and_its_files_are_the_trainers(tmp_path):
-    arms = plan_arms(TABLES, 2, 2048, 5_000_000, 2, tmp_path)
+    arms = plan_arms(TABLES, 2, 4, 2048, 5_000_000, 2, tmp_path)
     assert list(arms) == ["planner", "greedy", "default"]
-    net = with_network(load_cost_model(None), 5_000_000)
+    net = with_network(load_cost_model(None), 5_000_000, workers=4, optimizer_slots=2)
     assert isinstance(net, NetworkCostModel)
     kw = dict(cost_model=net, samples_per_step=2048, optimizer_slots=2, seed=0)
     plan = make_plan(TABLES, 2, 8 * 2**30, "planner", **kw)
@@ -35,9 +35,10 @@ def test_the_link_rate_reaches_the_planner_and_its_files_are_the_trainers(tmp_pa
     assert read_placement(arms["greedy"].placement) == greedy.placement
     assert arms["greedy"].predicted_ms == pytest.approx(greedy.max_cost)
     assert arms["planner"].predicted_ms <= arms["greedy"].predicted_ms  # seeded from the baselines
-    # bytes at 5 Mbit/s: the link term, payload x 8 / rate, is most of each PS's predicted ms
+    assert arms["planner"].predicted_ms <= arms["default"].predicted_ms  # and from no placement (row_seed)
+    # bytes at 5 Mbit/s: the link term, the busier direction's bytes x 8 / rate, is most of each PS's predicted ms
     cpu = load_cost_model(None).ps_costs(plan.shards, 2048)
-    link = [1000 * b * 8 / 5e6 for b in arms["planner"].predicted_ps_payload]
+    link = [1000 * b * BUSIER_DIRECTION * 8 / 5e6 for b in arms["planner"].predicted_ps_payload]
     assert arms["planner"].predicted_ps_ms == pytest.approx([c + x for c, x in zip(cpu, link)])
     assert min(link) > max(cpu)
     # no file for the default: every table row-sharded over every PS, half of every table each
@@ -47,7 +48,7 @@ def test_the_link_rate_reaches_the_planner_and_its_files_are_the_trainers(tmp_pa
 
 
 def test_on_loopback_the_arms_carry_the_cpu_model_only(tmp_path):
-    arms = plan_arms(TABLES, 2, 2048, None, 2, tmp_path)
+    arms = plan_arms(TABLES, 2, 4, 2048, None, 2, tmp_path)
     assert arms["planner"].predicted_ps_payload == []
     plan = make_plan(TABLES, 2, 8 * 2**30, "planner", cost_model=load_cost_model(None), samples_per_step=2048,
                      optimizer_slots=2)

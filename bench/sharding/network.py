@@ -77,7 +77,7 @@ class Arm:
         return [PLAIN] + ([f"cluster.placement={self.placement}"] if self.placement else [])
 
 
-def plan_arms(tables, ps: int, samples: int, rate_bit_s: Optional[int], slots: int, out_dir: Path,
+def plan_arms(tables, ps: int, workers: int, samples: int, rate_bit_s: Optional[int], slots: int, out_dir: Path,
               mem_per_ps: int = MEM_PER_PS) -> Dict[str, Arm]:
     """The three arms for ``tables`` on ``ps`` PS behind links of ``rate_bit_s``, their
     placement files written under ``out_dir``. The model is ``gmeta plan --network``'s."""
@@ -87,7 +87,7 @@ def plan_arms(tables, ps: int, samples: int, rate_bit_s: Optional[int], slots: i
     from gmeta_tf.plan.planner import baseline_plans, make_plan
     from gmeta_tf.plan.shard_layouts import ShardLayout, shards_of
 
-    model = with_network(load_cost_model(None), rate_bit_s)
+    model = with_network(load_cost_model(None), rate_bit_s, workers=workers, optimizer_slots=slots)
     kw = dict(cost_model=model, samples_per_step=samples, optimizer_slots=slots, seed=0)
     planner = make_plan(list(tables), ps, mem_per_ps, "planner", **kw)
     greedies = baseline_plans(list(tables), ps, mem_per_ps, **kw)
@@ -166,7 +166,7 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
     cfg = load_config("configs/quickstart.yaml", [f"data.tasks_per_batch={PER_WORKER_T}"])
     rate = parse_profile(point).rate_bit_s
     samples = step_samples(cfg.data, workers)
-    arms = plan_arms(tables_from_data(data, cfg), ps, samples, rate, optimizer_slots_for(cfg.train.embedding_optimizer),
+    arms = plan_arms(tables_from_data(data, cfg), ps, workers, samples, rate, optimizer_slots_for(cfg.train.embedding_optimizer),
                      work / "sharding-network")
     for a in arms.values():
         log(f"[sharding_network] {a.name} ({a.algo}): predicted {a.predicted_ms:.1f} ms/step "

@@ -101,9 +101,10 @@ def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, worke
 
     cfg = build_config(config_path, overrides)
     tables = tables_from_data(data_dir, cfg)
-    model = with_network(load_cost_model(cost_model_path), _link_rate(network, cfg))
-    kw = dict(cost_model=model, samples_per_step=step_samples(cfg.data, workers),
-              optimizer_slots=optimizer_slots_for(cfg.train.embedding_optimizer), seed=seed)
+    slots = optimizer_slots_for(cfg.train.embedding_optimizer)
+    model = with_network(load_cost_model(cost_model_path), _link_rate(network, cfg), workers=workers,
+                         optimizer_slots=slots)
+    kw = dict(cost_model=model, samples_per_step=step_samples(cfg.data, workers), optimizer_slots=slots, seed=seed)
     plan = make_plan(tables, ps_count, mem_per_ps, algo, **kw)
     baselines = dict(plan.baselines) or {b: p.max_cost for b, p in baseline_plans(tables, ps_count, mem_per_ps,
                                                                                   **kw).items()}

@@ -13,7 +13,7 @@ from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Evaluator, Plan, Registry, State, to_plan
 from gmeta_tf.plan.baselines import BASELINES, PACK, greedy
 from gmeta_tf.plan.cost_model import load_cost_model
-from gmeta_tf.plan.search import repair_seed, search, split_seed
+from gmeta_tf.plan.search import repair_seed, row_seed, search, split_seed
 from gmeta_tf.plan.shard_layouts import ShardLayout, shards_of
 from gmeta_tf.plan.spec import TableStats
 
@@ -93,7 +93,8 @@ def make_plan(tables: List[TableStats], ps: int, mem_per_ps: int, algo: str = "p
     seeds.sort(key=lambda s: s.key())
     seeds = seeds[:N_SEEDS]
     if ps > 1:  # seeds that split the tables dominating a PS (local search alone rarely does)
-        extra = [split_seed(tables, ps, mem_per_ps, optimizer_slots, ev, reg)]
+        extra = [split_seed(tables, ps, mem_per_ps, optimizer_slots, ev, reg),
+                 row_seed(tables, ps, mem_per_ps, optimizer_slots, ev, reg)]
         extra += [repair_seed(s, mem_per_ps, ev) for s in seeds]
         seeds += [s for s in extra if s is not None]
     best = search(seeds, mem_per_ps, ev, seed=seed)
