@@ -57,6 +57,9 @@ REPEATS = 2
 ZIPF = 1.2  # the network section's data
 MEM_PER_PS = 8 * 2**30  # ample: memory does not constrain these tables (a few MiB)
 PLAIN = "hot.budget=0"  # the plain PS path, the one the cost model describes
+# A run whose job fails is run once more (logged, and listed in ``failed_runs``): one of 12 runs
+# died in the workers' Gloo rendezvous ("HTTP GET request failed too many times") before step 1.
+RETRIES = 1
 
 
 @dataclass(frozen=True)
@@ -172,14 +175,24 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
         log(f"[sharding_network] {a.name} ({a.algo}): predicted {a.predicted_ms:.1f} ms/step "
             f"(per PS {', '.join(f'{c:.1f}' for c in a.predicted_ps_ms)})")
     runs: Dict[str, List[Dict]] = {n: [] for n in arms}
+    failures: List[str] = []
     for rep in range(repeats):
         for name in order(list(arms), rep):
-            r = run_point(data, work / f"shnet-{name}-{rep}", point, arms[name].sets(), workers=workers, ps=ps)
+            for attempt in range(1 + RETRIES):
+                try:
+                    r = run_point(data, work / f"shnet-{name}-{rep}", point, arms[name].sets(), workers=workers, ps=ps)
+                    break
+                except RuntimeError as e:  # a start-up that failed (e.g. the Gloo rendezvous): once more
+                    failures.append(f"pass {rep} {name}: {str(e).splitlines()[0]}")
+                    log(f"[sharding_network] {failures[-1]}")
+                    if attempt == RETRIES:
+                        raise
             runs[name].append(r)
             log(f"[sharding_network] pass {rep} {name}: {r['tasks_per_s']:.0f} tasks/s, {r['step_ms']:.0f} ms/step, "
                 f"busiest link {r['busiest_link_kb_per_step']:,.1f} kB/step, {r['wall_s']:.0f} s")
     out = summarize(arms, runs)
-    out.update({"point": point, "workers": workers, "ps": ps, "repeats": repeats, "samples_per_step": samples})
+    out.update({"point": point, "workers": workers, "ps": ps, "repeats": repeats, "samples_per_step": samples,
+                "failed_runs": failures})
     log(f"[sharding_network] planner / greedy ({out['greedy_algo']}) tasks/s - 1: "
         f"{out['improvement_measured_mean']:+.1%} measured, {out['improvement_predicted']:+.1%} predicted; "
         f"cost model off by {out['cost_model_error']:.1%} on the step")
