@@ -23,9 +23,9 @@ What it does, and why this way:
 * **the cluster**: ``WORKERS`` workers + ``PS`` PS, each on its own emulated host
   (``bench.network_paths.run_point``: its window, its link counters). 4 workers, not 2: with
   2 workers on links of one rate, each worker's link carries all of its own PS bytes plus the
-  all-reduce, more than any PS link carries under any placement of 2 PS (docs/network.md), so
-  no placement can change the step. With more workers than PS, as PS clusters are run, the
-  PS links carry the most and the slowest PS's bytes are the step;
+  all-reduce, more than a PS link carries unless one PS serves over ~85% of the bytes
+  (docs/network.md), so no placement of these tables changes the step. With more workers than
+  PS, as PS clusters are run, the PS links carry the most and the slowest PS's bytes are the step;
 * **side by side**: ``REPEATS`` passes, the arms alternated (the order reversed every other
   pass), so the box's load drifts over all of them alike.
 

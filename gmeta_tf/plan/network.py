@@ -10,7 +10,7 @@ measured), and a column block of the planner's is always on that path (its block
 by the split table itself, ``embedding/ps_requests.py``): its rows count ``per_table_factor``
 times. Every worker sends its own request, so the distinct ids are each worker's, times the
 workers (the union of all workers' ids, what ``samples_per_step`` alone would give, is fewer:
-the ``sharding_network`` bench counted 1.4-1.6x that on the PS links at 4 workers, and 0.8-0.9x
+the ``sharding_network`` bench counted 1.4-1.6x that on the PS links at 4 workers, and 0.78-0.96x
 of this count: the skew histogram does not see that a user's samples share items and tags). So a
 shard's payload per step is
 
