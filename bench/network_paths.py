@@ -256,6 +256,7 @@ def figures(a: Mark, b: Mark, hosts: Sequence[str], rate_bit_s: Optional[int], w
         "wire_busiest_host_bytes_per_step": max(per_host.values()),  # both directions
         "wire_busiest_direction_bytes_per_step": busiest_dir,
         "link_busy_share": (busiest_dir * 8 / rate_bit_s / step_s) if rate_bit_s else 0.0,
+        "wire_bytes_per_step_by_host": per_host,  # both directions, per host
     }
 
 
@@ -264,7 +265,13 @@ def combine(runs: List[Dict[str, float]]) -> Dict[str, float]:
     shared: one run's tasks/s can move by a quarter with other sessions' load)."""
     import statistics
 
-    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    def median(values):  # a per-host figure is a dict: the median host by host
+        values = list(values)
+        if isinstance(values[0], dict):
+            return {h: statistics.median(v[h] for v in values) for h in values[0]}
+        return statistics.median(values)
+
+    out = {k: median(r[k] for r in runs) for k in runs[0]}
     out["runs_tasks_per_s"] = [r["tasks_per_s"] for r in runs]
     return out
 

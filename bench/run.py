@@ -2,7 +2,7 @@
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
 ``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``, ``faults``, ``network``,
-``wire_quality``); the other sections' previous results stay in the
+``wire_quality``, ``sharding_network``); the other sections' previous results stay in the
 JSON file. ``--help`` lists them. With none named, every section but ``ON_REQUEST``'s runs.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
@@ -113,7 +113,17 @@ def bench_sharding(results: Dict) -> None:
     from bench.sharding.run import run
 
     # GMETA_BENCH_SHARDING_MEASURE=all measures every 2- and 4-PS task (~40 min) not the subset.
+    previous = results.get("sharding", {})
     results["sharding"] = run(measure_all=os.environ.get("GMETA_BENCH_SHARDING_MEASURE") == "all")
+    if "network" in previous:  # the sharding_network section's rows stay until it runs again
+        results["sharding"]["network"] = previous["network"]
+
+
+def bench_sharding_network(results: Dict) -> None:
+    from bench.sharding.network import measure
+
+    # The planner's placement against the best greedy one, trained on emulated 5 Mbit/s links.
+    results.setdefault("sharding", {})["network"] = measure(WORK / "sharding_network")
 
 
 def bench_delivery(results: Dict) -> None:
@@ -158,11 +168,13 @@ SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed"
                                                 "export": bench_export, "delivery": bench_delivery,
                                                 "faults": bench_faults,
                                                 "network": bench_network,
-                                                "wire_quality": bench_wire_quality}
+                                                "wire_quality": bench_wire_quality,
+                                                "sharding_network": bench_sharding_network}
 # Run only when named: the quality guard trains twelve 2-worker jobs (about 10 minutes), and it
-# answers a quality question, like ``make quality``, not a speed one. Without it ``make bench``
+# answers a quality question, like ``make quality``, not a speed one; ``sharding_network`` trains
+# six 4-worker jobs on 5 Mbit/s emulated links (about 7 minutes). Without them ``make bench``
 # stays within its 45 minutes on this box (network 15, the rest about 15 + 3).
-ON_REQUEST = ("wire_quality",)
+ON_REQUEST = ("wire_quality", "sharding_network")
 
 
 def default_sections() -> List[str]:
@@ -212,6 +224,12 @@ HEADLINES = [
     ("sharding.improvement_predicted_max", "planner vs best baseline, predicted, max", ""),
     ("sharding.improvement_measured_mean", "planner vs best baseline, measured, mean", "≥ 0.10"),
     ("sharding.improvement_measured_max", "planner vs best baseline, measured, max", ""),
+    ("sharding.network.improvement_measured_mean", "planner / best greedy tasks/s - 1, 4w2ps on 5 Mbit/s emulated links",
+     "≥ 0.10"),
+    ("sharding.network.improvement_predicted", "… the same, predicted (max-PS ms, CPU + link)", ""),
+    ("sharding.network.cost_model_error", "… predicted max-PS ms vs measured step (geo. mean over arms)", "≤ 0.10"),
+    ("sharding.network.link_bytes_error", "… PS link bytes counted vs the link term's payload", ""),
+    ("sharding.network.default_over_greedy", "… no placement (every table row-sharded) / best greedy - 1", ""),
     ("hot_split.speedup_zipf_1_2", "hot/cold split on / off, Zipf 1.2 (best-window tasks/s, 2w2ps)", "≥ 1.5"),
     ("hot_split.speedup_mean_zipf_1_2", "… same, whole-run aggregate tasks/s", ""),
     ("hot_split.local_share_zipf_1_2", "lookups served by hot rows, Zipf 1.2", ""),

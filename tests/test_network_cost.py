@@ -9,7 +9,14 @@ from gmeta_tf.config.schema import ConfigError, PrepareConfig
 from gmeta_tf.data.id_profile import TableProfile
 from gmeta_tf.embedding.hot.auto import SPLIT_OVERHEAD, decide, expected_distinct, ps_payload
 from gmeta_tf.plan.cost_model import load_cost_model, shard_terms
-from gmeta_tf.plan.network import Link, NetworkCostModel, row_payload_bytes, with_network
+from gmeta_tf.plan.network import (
+    BUSIER_DIRECTION,
+    Link,
+    NetworkCostModel,
+    per_table_factor,
+    row_payload_bytes,
+    with_network,
+)
 from gmeta_tf.plan.spec import N_SKEW_BINS, Shard
 
 SKEW = (1.0,) + (0.0,) * (N_SKEW_BINS - 1)
@@ -42,6 +49,31 @@ def test_network_cost_model_adds_each_ps_link_time_to_the_cpu_cost():
     slow = with_network(base, 10 * 10**6)
     assert slow.ps_cost(shards, sps) - base.ps_cost(shards, sps) == pytest.approx(
         10 * (want - base.ps_cost(shards, sps)), rel=1e-9)
+
+
+@pytest.mark.fast
+def test_each_worker_sends_its_own_ids_and_column_blocks_carry_their_slots():
+    base = load_cost_model(None)
+    hot = (0.0,) * (N_SKEW_BINS - 4) + (0.2, 0.3, 0.3, 0.2)  # a few ids read very often
+    whole = Shard("a", "table", 0, 1, 5_000, 16, 4.0, hot)
+    block = Shard("a", "column", 0, 2, 5_000, 8, 4.0, hot)
+    net = with_network(base, 10**8, workers=4, optimizer_slots=2)
+    per_worker = shard_terms(whole.rows, whole.dim, whole.pooling, whole.skew, 512)[1]
+    assert net.payloads([[whole]], 4 * 512) == pytest.approx([4 * per_worker * row_payload_bytes(16)])
+    # four workers' requests carry more rows than the union of their ids (one worker's 2,048 samples)
+    assert net.payloads([[whole]], 4 * 512)[0] > with_network(base, 10**8).payloads([[whole]], 4 * 512)[0]
+    # a column block is on TFRA's per-table path: the row and its two Adam slots, read and written
+    assert per_table_factor(2) == pytest.approx(567.2 / 155.9) and per_table_factor(1) < per_table_factor(2)
+    assert net.payloads([[block]], 4 * 512) == pytest.approx(
+        [4 * per_worker * row_payload_bytes(8) * per_table_factor(2)])
+    # four workers: the busier direction of each full-duplex link (half the payload) is its time;
+    # one worker: its lookup's rows and its apply's gradients cross one after the other
+    assert BUSIER_DIRECTION == 0.5
+    assert net.ps_cost([block], 4 * 512) == pytest.approx(
+        base.ps_cost([block], 4 * 512) + net.link.ms(0.5 * net.payloads([[block]], 4 * 512)[0]))
+    one = with_network(base, 10**8, workers=1)
+    assert one.ps_cost([whole], 512) == pytest.approx(
+        base.ps_cost([whole], 512) + one.link.ms(one.payloads([[whole]], 512)[0]))
 
 
 @pytest.mark.fast

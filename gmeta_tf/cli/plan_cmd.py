@@ -11,7 +11,6 @@ import click
 from gmeta_tf.cli.common import build_config, config_options, friendly_errors
 from gmeta_tf.cli.plan_calibrate_cmd import calibrate
 from gmeta_tf.config.schema import byte_size
-from gmeta_tf.errors import PlanError
 
 
 def parse_size(text: str) -> int:
@@ -94,27 +93,21 @@ def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, worke
     missing = [o for o, v in (("--data", data_dir), ("--ps", ps_count), ("--out", out)) if v is None]
     if missing:
         raise click.UsageError(f"missing option(s) {', '.join(missing)}")
-    from gmeta_tf.plan.baselines import BASELINES
     from gmeta_tf.plan.cost_model import load_cost_model
     from gmeta_tf.plan.network import with_network
     from gmeta_tf.plan.placement_file import write_placement
-    from gmeta_tf.plan.planner import make_plan, optimizer_slots_for
+    from gmeta_tf.plan.planner import baseline_plans, make_plan, optimizer_slots_for, step_samples
     from gmeta_tf.plan.tables_from_data import tables_from_data
 
     cfg = build_config(config_path, overrides)
     tables = tables_from_data(data_dir, cfg)
-    model = with_network(load_cost_model(cost_model_path), _link_rate(network, cfg))
-    samples = workers * cfg.data.tasks_per_batch * (cfg.data.support + cfg.data.query)
-    kw = dict(cost_model=model, samples_per_step=samples,
-              optimizer_slots=optimizer_slots_for(cfg.train.embedding_optimizer), seed=seed)
+    slots = optimizer_slots_for(cfg.train.embedding_optimizer)
+    model = with_network(load_cost_model(cost_model_path), _link_rate(network, cfg), workers=workers,
+                         optimizer_slots=slots)
+    kw = dict(cost_model=model, samples_per_step=step_samples(cfg.data, workers), optimizer_slots=slots, seed=seed)
     plan = make_plan(tables, ps_count, mem_per_ps, algo, **kw)
-    baselines = dict(plan.baselines)
-    if not baselines:
-        for b in BASELINES:
-            try:
-                baselines[b] = make_plan(tables, ps_count, mem_per_ps, b, **kw).max_cost
-            except PlanError:
-                pass
+    baselines = dict(plan.baselines) or {b: p.max_cost for b, p in baseline_plans(tables, ps_count, mem_per_ps,
+                                                                                  **kw).items()}
     click.echo(format_plan(plan))
     if baselines:
         best = min(baselines, key=baselines.get)

@@ -7,13 +7,13 @@ path and one result type (``Plan``).
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.assignment import Evaluator, Plan, Registry, State, to_plan
 from gmeta_tf.plan.baselines import BASELINES, PACK, greedy
 from gmeta_tf.plan.cost_model import load_cost_model
-from gmeta_tf.plan.search import repair_seed, search, split_seed
+from gmeta_tf.plan.search import repair_seed, row_seed, search, split_seed
 from gmeta_tf.plan.shard_layouts import ShardLayout, shards_of
 from gmeta_tf.plan.spec import TableStats
 
@@ -93,13 +93,33 @@ def make_plan(tables: List[TableStats], ps: int, mem_per_ps: int, algo: str = "p
     seeds.sort(key=lambda s: s.key())
     seeds = seeds[:N_SEEDS]
     if ps > 1:  # seeds that split the tables dominating a PS (local search alone rarely does)
-        extra = [split_seed(tables, ps, mem_per_ps, optimizer_slots, ev, reg)]
+        extra = [split_seed(tables, ps, mem_per_ps, optimizer_slots, ev, reg),
+                 row_seed(tables, ps, mem_per_ps, optimizer_slots, ev, reg)]
         extra += [repair_seed(s, mem_per_ps, ev) for s in seeds]
         seeds += [s for s in extra if s is not None]
     best = search(seeds, mem_per_ps, ev, seed=seed)
     plan = to_plan(best, "planner", mem_per_ps, samples_per_step)
     plan.baselines = scores
     return plan
+
+
+def baseline_plans(tables: List[TableStats], ps: int, mem_per_ps: int, **kw) -> Dict[str, Plan]:
+    """Every greedy baseline's plan that fits (``make_plan``'s keywords): what ``gmeta plan`` and
+    the ``sharding_network`` bench compare the planner with; a baseline that cannot place the
+    tables in this memory is left out, as ``gmeta plan`` leaves it out of its comparison."""
+    out: Dict[str, Plan] = {}
+    for b in BASELINES:
+        try:
+            out[b] = make_plan(tables, ps, mem_per_ps, b, **kw)
+        except PlanError:
+            pass
+    return out
+
+
+def step_samples(data, workers: int) -> int:
+    """Samples whose ids reach the PS tier per step, all workers together (``data``: the
+    config's ``data`` section): each worker's meta-batch, support and query."""
+    return int(workers) * data.tasks_per_batch * (data.support + data.query)
 
 
 def optimizer_slots_for(optimizer: str) -> int:

@@ -379,6 +379,26 @@ def split_seed(tables: Sequence[TableStats], ps: int, mem_per_ps: int, slots: in
     return None
 
 
+def row_seed(tables: Sequence[TableStats], ps: int, mem_per_ps: int, slots: int, ev: Evaluator,
+             reg) -> Optional[State]:
+    """Every table row-sharded over every PS: what the trainer does without a placement file.
+
+    No baseline produces it (they place small tables whole), and where bytes cost (a link term,
+    ``plan/network.py``) it is the layout that spreads every table's rows evenly over the links;
+    as a seed, the plan is never predicted worse than no placement at all. ``None`` where a
+    table has fewer rows than PS or the rows do not fit."""
+    if ps < 2 or any(t.rows < ps for t in tables):
+        return None
+    st = State.empty(tables, ps, slots, reg)
+    lay = ShardLayout("row", ps)
+    for t in tables:
+        st.place(t.name, lay, list(range(ps)))
+    if max(st.mem) > mem_per_ps:
+        return None
+    st.rescore(ev)
+    return st
+
+
 def repair_seed(base: State, mem_per_ps: int, ev: Evaluator, light_frac: float = 0.05) -> Optional[State]:
     """``base`` with its memory-light tables re-placed by LPT, dominant ones split first.
 
