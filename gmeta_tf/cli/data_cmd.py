@@ -150,7 +150,13 @@ def _profile(directory, sample, exact_max_ids, top_k, cfg):
     path = write_profile(directory, profiles, {"sample": sample, "exact_max_ids": exact_max_ids, "top_k": top_k})
     click.echo(format_profile(profiles))
     if cfg.hot.budget_bytes:
-        dims = {t: cfg.model.embedding_dim for t in profiles}
-        click.echo(select_hot(profiles, dims, cfg.train.embedding_optimizer, cfg.hot.budget_bytes,
+        from gmeta_tf.data.task_format import load_schema
+        from gmeta_tf.metaio.rare_ids import pooled_profiles
+
+        # The file keeps the raw ids; the hot set is chosen over the ids training reads
+        # (data.min_id_count pools rare ones, see hot/rows.hot_profiles).
+        seen = pooled_profiles(profiles, directory, load_schema(directory), cfg.data.min_id_count)
+        dims = {t: cfg.model.embedding_dim for t in seen}
+        click.echo(select_hot(seen, dims, cfg.train.embedding_optimizer, cfg.hot.budget_bytes,
                               cfg.hot.min_count).format())
     click.echo(f"wrote {path}")

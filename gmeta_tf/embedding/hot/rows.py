@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.data.id_profile import PROFILE_NPZ, load_profile
+from gmeta_tf.data.task_format import load_schema
 from gmeta_tf.embedding.column_split import ColumnSplitTable
 from gmeta_tf.embedding.hot.auto import allreduce_bytes, decide, hot_touched, ps_payload
 from gmeta_tf.embedding.hot.by_bytes import TablePay, paying_rows
@@ -33,6 +34,7 @@ from gmeta_tf.embedding.hot_cold import HotColdTable
 from gmeta_tf.embedding.lookup import feature_ids
 from gmeta_tf.embedding.optimizers import LazyRowOptimizer
 from gmeta_tf.errors import ClusterError
+from gmeta_tf.metaio.rare_ids import pooled_profiles
 from gmeta_tf.plan.network import Link
 
 
@@ -335,6 +337,19 @@ def profile_path(cfg) -> Path:
     return Path(cfg.hot.profile) if cfg.hot.profile else Path(cfg.data.path) / PROFILE_NPZ
 
 
+def hot_profiles(cfg) -> Dict:
+    """The id profile (``hot.profile``) over the ids training looks up: with ``data.min_id_count``
+    the profile's raw ids pooled as Meta-IO reads them (``rare_ids.pooled_profiles``). Everything
+    the hot tier decides (the hot set, ``hot.select: bytes``, ``auto``'s verdict, the hot exchange's
+    size, the printed coverage) reads this, never the raw profile: a hot set chosen over raw ids
+    held rare ids the reader never emits and missed ``RARE_ID``, which it emits often, so a budget
+    holding every profiled id made the tables local-only and step 1 failed on ``RARE_ID``."""
+    profiles = load_profile(profile_path(cfg))
+    if not cfg.data.min_id_count:
+        return profiles
+    return pooled_profiles(profiles, cfg.data.path, load_schema(cfg.data.path), cfg.data.min_id_count)
+
+
 def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names: Sequence[str], sync,
                    log=print) -> Optional[HotRows]:
     """The hot rows for this config over ``tables``; None when the budget is 0 (then nothing is
@@ -342,7 +357,7 @@ def build_hot_rows(cfg, tables: Sequence, cat_names: Sequence[str], multi_names:
     budget = cfg.hot.budget_bytes
     if budget <= 0 or cfg.model.hot_split is False:
         return None
-    profiles = load_profile(profile_path(cfg))
+    profiles = hot_profiles(cfg)
     dims = {t.name: t.dim for t in tables}
     bounds = touched_bounds(cat_names, multi_names, cfg.data)
     hot_set = choose_hot_set(cfg, profiles, dims, bounds, sync.size, sync.wire.value_bytes,
