@@ -416,7 +416,9 @@ def test_batched_server_merges_one_row_requests(click, reference, tmp_path):
     model_dir, manifest = click
     inputs = [export_inputs(manifest, "predict", batch=1, seed=100 + i, width=1 + i % 3) for i in range(48)]
     log = tmp_path / "serve.log"
-    with server_process(model_dir, log, name=NAME, extra=["--max-batch-size", "32", "--max-latency-ms", "20"]) as (port, _):
+    # A window wide enough that 16 concurrent clients meet in it on a loaded box too (run 8, load
+    # 5.3: 36 calls for 48 requests with 20 ms); what is asserted is the merge, not its latency.
+    with server_process(model_dir, log, name=NAME, extra=["--max-batch-size", "32", "--max-latency-ms", "200"]) as (port, _):
         startup = log.read_text()
         assert re.search(r"micro-batching predict, serving_default: up to 32 rows", startup), startup
         assert re.search(r"WARNING signature 'adapt_and_predict' is not micro-batched .*2 batch groups "
