@@ -157,3 +157,27 @@ class LazyRowOptimizer:
         for name, value in new_slots.items():
             s[name].scatter_nd_update(idx, value)
         var.scatter_nd_update(idx, w)
+
+    def apply_rows(self, var: tf.Variable, table: str, slot: tf.Tensor, row_grads: tf.Tensor,
+                   iterations: tf.Tensor) -> None:
+        """``apply`` from a step's per-row gradients as the compiled step has them: ``slot`` [R]
+        (each row's slot; -1: not a hot row) and ``row_grads`` [R, dim], rows repeating a slot
+        (a task's own copy of a row, ``lookup.py``'s ``per_task``) summed, as the tape sums them
+        for ``apply``. Static shapes and no unique op (XLA has none): every row computes its
+        slot's update (a row that is not hot computes slot 0's, or keeps slot 0's old value when
+        slot 0 is untouched), so rows sharing a slot scatter the same values, and untouched
+        slots keep theirs: lazy, as ``apply``."""
+        k = var.shape[0]
+        seg = tf.where(slot >= 0, slot, k)  # segment k collects the rows that are not hot
+        grad = tf.math.unsorted_segment_sum(row_grads, seg, k + 1)
+        hits = tf.math.unsorted_segment_sum(tf.ones_like(slot, tf.float32), seg, k + 1)
+        at = tf.maximum(slot, 0)
+        keep = (tf.gather(hits, at) > 0.0)[:, None]
+        s = self.slots[table]
+        old_w = tf.gather(var, at)
+        old_slots = {n: tf.gather(v, at) for n, v in s.items()}
+        w, new_slots = row_update(self.kind, self.lr, old_w, old_slots, tf.gather(grad, at), iterations)
+        idx = at[:, None]
+        for name, value in new_slots.items():
+            s[name].scatter_nd_update(idx, tf.where(keep, value, old_slots[name]))
+        var.scatter_nd_update(idx, tf.where(keep, w, old_w))
