@@ -31,8 +31,12 @@ class FeatureRows:
     support_valid: tf.Tensor  # float32, same shape as support_pos
     query_valid: tf.Tensor
     multi: bool
-    # ``hot_apart`` lookups: each row's hot slot (-1: not a hot row), ``rows`` zero there.
-    hot_slot: Optional[tf.Tensor] = None  # int32 [R]
+    # ``hot_apart`` lookups: the hot slot of each of the batch's unique ids (-1: not hot; a hot
+    # slot appears once), ``rows`` zero at the hot rows; with ``per_task``, ``hot_source`` is
+    # the unique id each row is a task's copy of (None: row i is unique id i). Kept per unique id
+    # so the compiled step sums a slot's gradient over bounded rows, never over the whole table.
+    hot_slot: Optional[tf.Tensor] = None  # int32 [U]
+    hot_source: Optional[tf.Tensor] = None  # int32 [R]
 
 
 @dataclass
@@ -84,7 +88,7 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
             got = table.lookup_unique([s_ids, q_ids], trainable=trainable, hot_apart=True)
         else:
             got = table.lookup_unique([s_ids, q_ids], trainable=trainable)
-        rows, index, slot = got.rows, got.index, got.hot_slot
+        rows, index, slot, source = got.rows, got.index, got.hot_slot, None
         n_s = tf.size(s_ids)
         if per_task:
             t = tf.shape(s_ids)[0]
@@ -95,7 +99,7 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
             key = tf.cast(tasks, tf.int64) * n_rows + tf.cast(index, tf.int64)
             keys, index = tf.unique(key, out_idx=tf.int32)
             rows = tf.gather(rows, keys % n_rows)
-            slot = None if slot is None else tf.gather(slot, keys % n_rows)
+            source = None if slot is None else tf.cast(keys % n_rows, tf.int32)
         feats.append(FeatureRows(
             rows=rows,
             support_pos=tf.reshape(index[:n_s], tf.shape(s_ids)),
@@ -104,6 +108,7 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
             query_valid=tf.cast(q_ids >= 0, tf.float32),
             multi=multi,
             hot_slot=slot,
+            hot_source=source,
         ))
     return SparseState(feats)
 

@@ -158,25 +158,24 @@ class LazyRowOptimizer:
             s[name].scatter_nd_update(idx, value)
         var.scatter_nd_update(idx, w)
 
-    def apply_rows(self, var: tf.Variable, table: str, slot: tf.Tensor, row_grads: tf.Tensor,
+    def apply_rows(self, var: tf.Variable, table: str, slot: tf.Tensor, grad: tf.Tensor,
                    iterations: tf.Tensor) -> None:
-        """``apply`` from a step's per-row gradients as the compiled step has them: ``slot`` [R]
-        (each row's slot; -1: not a hot row) and ``row_grads`` [R, dim], rows repeating a slot
-        (a task's own copy of a row, ``lookup.py``'s ``per_task``) summed, as the tape sums them
-        for ``apply``. Static shapes and no unique op (XLA has none): every row computes its
-        slot's update (a row that is not hot computes slot 0's, or keeps slot 0's old value when
-        slot 0 is untouched), so rows sharing a slot scatter the same values, and untouched
-        slots keep theirs: lazy, as ``apply``."""
-        k = var.shape[0]
-        seg = tf.where(slot >= 0, slot, k)  # segment k collects the rows that are not hot
-        grad = tf.math.unsorted_segment_sum(row_grads, seg, k + 1)
-        hits = tf.math.unsorted_segment_sum(tf.ones_like(slot, tf.float32), seg, k + 1)
+        """``apply`` as the compiled step has its gradients: ``slot`` [U] (each unique id's slot,
+        -1 where it is not hot; a hot slot appears once) and ``grad`` [U, dim], static shapes
+        and no unique op (XLA has none). A scatter writes every row, so each row that is not
+        hot stands in for the first hot row (same slot, same gradient, the same values
+        written); untouched slots keep their values and slots: lazy, as ``apply``. Costs the
+        batch's rows, not the table's."""
+        hot = slot >= 0
+        first = tf.argmax(tf.cast(hot, tf.int32), output_type=tf.int32)  # none hot: slot 0 rewritten as is
+        src = tf.where(hot, tf.range(tf.shape(slot)[0]), first)
+        slot, grad = tf.gather(slot, src), tf.gather(grad, src)
+        keep = (slot >= 0)[:, None]
         at = tf.maximum(slot, 0)
-        keep = (tf.gather(hits, at) > 0.0)[:, None]
         s = self.slots[table]
         old_w = tf.gather(var, at)
         old_slots = {n: tf.gather(v, at) for n, v in s.items()}
-        w, new_slots = row_update(self.kind, self.lr, old_w, old_slots, tf.gather(grad, at), iterations)
+        w, new_slots = row_update(self.kind, self.lr, old_w, old_slots, grad, iterations)
         idx = at[:, None]
         for name, value in new_slots.items():
             s[name].scatter_nd_update(idx, tf.where(keep, value, old_slots[name]))

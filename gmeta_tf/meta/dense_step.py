@@ -147,20 +147,23 @@ class DenseStep:
         return loss, grads[: len(rows)], grads[len(rows):]
 
 
-def padded_slots(sparse: SparseState, features: Sequence[int]) -> List[tf.Tensor]:
-    """The hot slots of ``features``' rows (``FeatureRows.hot_slot``), padded with -1 to the
-    bound ``padded_rows`` pads their rows to, so row i and slot i stay the same row."""
-    out = []
-    for i in features:
-        f = sparse.features[i]
-        s, q = f.support_pos.shape.num_elements(), f.query_pos.shape.num_elements()
-        if s is None or q is None:
-            bound = tf.size(f.support_pos) + tf.size(f.query_pos) + 1
-            out.append(tf.pad(f.hot_slot, [[0, bound - tf.shape(f.hot_slot)[0]]], constant_values=-1))
-            continue
-        out.append(tf.ensure_shape(tf.pad(f.hot_slot, [[0, s + q + 1 - tf.shape(f.hot_slot)[0]]], constant_values=-1),
-                                   [s + q + 1]))
-    return out
+def _padded(x: tf.Tensor, f: FeatureRows, value: int) -> tf.Tensor:
+    """``x`` [n] padded with ``value`` to the bound ``padded_rows`` pads ``f``'s rows to."""
+    s, q = f.support_pos.shape.num_elements(), f.query_pos.shape.num_elements()
+    if s is None or q is None:
+        bound = tf.size(f.support_pos) + tf.size(f.query_pos) + 1
+        return tf.pad(x, [[0, bound - tf.shape(x)[0]]], constant_values=value)
+    return tf.ensure_shape(tf.pad(x, [[0, s + q + 1 - tf.shape(x)[0]]], constant_values=value), [s + q + 1])
+
+
+def padded_slots(sparse: SparseState, features: Sequence[int]) -> Tuple[List[tf.Tensor], List[tf.Tensor]]:
+    """``features``' hot slots per unique id (``FeatureRows.hot_slot``, padded with -1: not hot)
+    and, with per-task rows, each row's unique id (``hot_source``, padded with 0: a pad row is
+    never gathered, its gradient is zero), both to the rows' bound."""
+    slots = [_padded(sparse.features[i].hot_slot, sparse.features[i], -1) for i in features]
+    sources = [_padded(sparse.features[i].hot_source, sparse.features[i], 0) for i in features
+               if sparse.features[i].hot_source is not None]
+    return slots, sources
 
 
 @dataclass(frozen=True)
@@ -191,22 +194,25 @@ class ProgramStep:
         self.hot_features = [h.index for h in self.hot]
         self._compiled = tf.function(self._train, jit_compile=True, reduce_retracing=True, autograph=False)
 
-    def run(self, rows: Sequence[tf.Tensor], slots: Sequence[tf.Tensor], counters: Sequence[tf.Tensor],
-            sparse: SparseState, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor]]:
-        """Train on ``batch``: ``rows`` are the padded rows (zeros at the hot ones), ``slots`` the
-        hot features' padded slots (``padded_slots``), ``counters`` their tables' step counters
-        read before the step (Adam's bias correction). Returns the loss and every row's gradient,
-        for the caller to chain to the cold rows (a hot row's is zero there: its row is a constant)."""
+    def run(self, rows: Sequence[tf.Tensor], slots: Sequence[tf.Tensor], sources: Sequence[tf.Tensor],
+            counters: Sequence[tf.Tensor], sparse: SparseState, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+        """Train on ``batch``: ``rows`` are the padded rows (zeros at the hot ones), ``slots`` and
+        ``sources`` the hot features' (``padded_slots``; no sources: row i is unique id i),
+        ``counters`` their tables' step counters read before the step (Adam's bias correction).
+        Returns the loss and every row's gradient, for the caller to chain to the cold rows (a
+        hot row's is zero there: its row is a constant)."""
         positions = [(f.support_pos, f.query_pos, f.support_valid, f.query_valid) for f in sparse.features]
         samples = {w: {k: batch[w][k] for k in _SAMPLE_KEYS if k in batch[w]} for w in ("support", "query")}
         samples["task_mask"] = batch["task_mask"]
-        return self._compiled(list(rows), list(slots), list(counters), positions, samples)
+        return self._compiled(list(rows), list(slots), list(sources), list(counters), positions, samples)
 
-    def _train(self, rows, slots, counters, positions, batch):
+    def _train(self, rows, slots, sources, counters, positions, batch):
         rows = list(rows)
-        for h, slot in zip(self.hot, slots):
-            gathered = tf.gather(h.values, tf.maximum(slot, 0))
-            rows[h.index] = tf.where((slot >= 0)[:, None], gathered, rows[h.index])
+        sources = list(sources) or [None] * len(slots)
+        for h, slot, source in zip(self.hot, slots, sources):
+            row_slot = slot if source is None else tf.gather(slot, source)
+            gathered = tf.gather(h.values, tf.maximum(row_slot, 0))
+            rows[h.index] = tf.where((row_slot >= 0)[:, None], gathered, rows[h.index])
         dense = self.dense
         sparse = SparseState([FeatureRows(r, *p, multi=m) for r, p, m in zip(rows, positions, dense.multi)])
         params = [v.read_value() for v in self.variables]
@@ -217,6 +223,9 @@ class ProgramStep:
         grads = [tf.convert_to_tensor(g) for g in grads]
         row_grads, dense_grads = grads[: len(rows)], grads[len(rows):]
         self.dense_opt.apply_gradients(zip(dense_grads, self.variables))
-        for h, slot, iterations in zip(self.hot, slots, counters):
-            h.apply_rows(slot, row_grads[h.index], iterations)
+        for h, slot, source, iterations in zip(self.hot, slots, sources, counters):
+            grad = row_grads[h.index]
+            if source is not None:  # a task's copies of a row: their gradients summed, per unique id
+                grad = tf.math.unsorted_segment_sum(grad, source, tf.shape(slot)[0])
+            h.apply_rows(slot, grad, iterations)
         return loss, row_grads

@@ -260,12 +260,12 @@ class TrainStep:
             sparse = self.embeddings.lookup(batch, trainable=True, hot_apart=True,
                                             per_task=dense.spec.adapt_embeddings and not dense.erm)
             rows = padded_rows(sparse)
-        slots = padded_slots(sparse, program.hot_features)
+        slots, sources = padded_slots(sparse, program.hot_features)
         hot = self.embeddings.hot
         counters = [] if hot is None else [
             self.embeddings.optimizers.for_shadow(self.embeddings.tables[i].base.shadow).iterations.read_value()
             for i in program.hot_features]
-        loss, row_grads = program.run(rows, slots, counters, sparse, batch)
+        loss, row_grads = program.run(rows, slots, sources, counters, sparse, batch)
         outside = self.shadows + self.cold_vars
         grads = tape.gradient(rows, outside, output_gradients=row_grads,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO) if outside else []

@@ -151,8 +151,8 @@ class HotRows:
         return done
 
     def apply_rows(self, table: HotColdTable, slot: tf.Tensor, row_grads: tf.Tensor, iterations: tf.Tensor) -> None:
-        """``table``'s update from the gradients of a step's rows (``slot``: each row's hot slot,
-        -1 for a cold row or the pad), inside the compiled step (``meta.hot_in_program``): one
+        """``table``'s update from the gradients of a step's unique ids (``slot``: each one's hot
+        slot, -1 for a cold id or the pad), inside the compiled step (``meta.hot_in_program``): one
         process, so the rank's own gradient is the mean ``apply`` would exchange. ``iterations``:
         the table's step counter read before the step, as ``apply`` reads it."""
         self.opt.apply_rows(table.values, table.name, slot, row_grads, iterations)
