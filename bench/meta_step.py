@@ -254,3 +254,17 @@ def measure_hot_in_program(cfg: Config, seconds: float = 8.0) -> Dict[str, float
             "cpu_speedup_compiled_over_previous": cpu["compiled"] / cpu["previous"],
             "speedup_compiled_over_uncompiled": rates["compiled"] / rates["uncompiled"],
             "cpu_speedup_compiled_over_uncompiled": cpu["compiled"] / cpu["uncompiled"]}
+
+
+if __name__ == "__main__":
+    # ``python -m bench.meta_step hot_in_program DATA [KEY=VALUE ...]``: that one comparison, on
+    # prepared data (``bench.data.prepared_data``) with the quickstart config and the overrides.
+    import json
+    import sys
+
+    from gmeta_tf.config.loader import load_config
+
+    if len(sys.argv) < 3 or sys.argv[1] != "hot_in_program":
+        sys.exit("usage: python -m bench.meta_step hot_in_program DATA [KEY=VALUE ...]")
+    sets = [f"data.path={sys.argv[2]}", *sys.argv[3:]]
+    print(json.dumps({"sets": sets, **measure_hot_in_program(load_config("configs/quickstart.yaml", sets))}, indent=1))
