@@ -211,3 +211,60 @@ def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: fl
                              "tasks_per_cpu_s_fused": cpu[(k, "fused")], "tasks_per_cpu_s_per_table": cpu[(k, "per_table")],
                              "cpu_speedup_fused_over_per_table": cpu[(k, "fused")] / cpu[(k, "per_table")]}
             for k in copies}
+
+
+def _hot_step(cfg: Config, schema, batches, in_program: bool, jit: bool = True):
+    """The step with every id of every table hot and local-only (the quickstart vocabulary is a
+    few MiB: one process holds it whole): the hot rows inside the XLA program
+    (``meta.hot_in_program``), or applied outside it as before, the dense math compiled
+    (``jit``, ``meta.jit_compile``) or not."""
+    import numpy as np
+
+    from gmeta_tf.embedding.hot.rows import HotRows
+    from gmeta_tf.embedding.hot.select import HotSet
+
+    model = DLRM(cfg.model, schema)
+    d, e = make_optimizers(cfg.train)
+    ids = {}
+    for c in schema["categorical"] + schema["multi_hot"]:
+        part = "cat" if c in schema["categorical"] else "multi"
+        seen = np.concatenate([b[w][part][c["name"]].numpy().ravel() for b in batches for w in ("support", "query")])
+        ids[c["name"]] = np.union1d(np.arange(int(c["cardinality"]), dtype=np.int64), seen[seen >= 0])
+    hot_set = HotSet(ids, {t: 0 for t in ids}, {t: 1 for t in ids}, 0, 1, local_only={t: True for t in ids})
+    rows = model.embeddings.use_hot(HotRows(model.tables, hot_set, LocalSync(), cfg.train.embedding_optimizer,
+                                            cfg.train.embedding_learning_rate, {t: 1.0 for t in ids}))
+    meta = replace(cfg.meta, jit_compile=jit, hot_in_program=in_program)
+    step = TrainStep(model, meta, d, e, LocalSync())
+    rows.load(e)
+    return step
+
+
+def measure_hot_in_program(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+    """One process, every id hot: the step with the hot rows, the dense optimizer and the hot
+    rows' lazy optimizer inside the XLA program (``meta.hot_in_program``, ``compiled``) against
+    the compiled step before it (``previous``: the dense math in XLA, every apply outside) and
+    the step not compiled at all (``uncompiled``, what ``meta.jit_compile: auto`` runs on CPU),
+    interleaved in one process; wall and CPU tasks/s."""
+    schema, batches = load_schema(cfg.data.path), _batches(cfg)
+    steps = {"compiled": _hot_step(cfg, schema, batches, True), "previous": _hot_step(cfg, schema, batches, False),
+             "uncompiled": _hot_step(cfg, schema, batches, False, jit=False)}
+    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    return {**{f"tasks_per_s_{k}": rates[k] for k in steps},
+            "speedup_compiled_over_previous": rates["compiled"] / rates["previous"],
+            "cpu_speedup_compiled_over_previous": cpu["compiled"] / cpu["previous"],
+            "speedup_compiled_over_uncompiled": rates["compiled"] / rates["uncompiled"],
+            "cpu_speedup_compiled_over_uncompiled": cpu["compiled"] / cpu["uncompiled"]}
+
+
+if __name__ == "__main__":
+    # ``python -m bench.meta_step hot_in_program DATA [KEY=VALUE ...]``: that one comparison, on
+    # prepared data (``bench.data.prepared_data``) with the quickstart config and the overrides.
+    import json
+    import sys
+
+    from gmeta_tf.config.loader import load_config
+
+    if len(sys.argv) < 3 or sys.argv[1] != "hot_in_program":
+        sys.exit("usage: python -m bench.meta_step hot_in_program DATA [KEY=VALUE ...]")
+    sets = [f"data.path={sys.argv[2]}", *sys.argv[3:]]
+    print(json.dumps({"sets": sets, **measure_hot_in_program(load_config("configs/quickstart.yaml", sets))}, indent=1))

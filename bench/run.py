@@ -32,13 +32,23 @@ JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],
 
 def bench_meta(results: Dict) -> None:
     from bench.meta_io import measure_read_rate
-    from bench.meta_step import measure, measure_features, measure_jit, measure_model_key, measure_steps_per_call
+    from bench.meta_step import (
+        measure,
+        measure_features,
+        measure_hot_in_program,
+        measure_jit,
+        measure_model_key,
+        measure_steps_per_call,
+    )
     from gmeta_tf.config.loader import load_config
 
     data, prep = _prepared_data()
     results["prepare"] = prep
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data}"])
     step = measure(cfg)
+    # Every id hot in one process: the hot rows and both optimizers inside the XLA program
+    # (meta.hot_in_program) against the compiled step before it, side by side.
+    step.update(measure_hot_in_program(cfg))
     results["meta_step"] = step
     # The dense math compiled by XLA or not, side by side, where the compiled program differs most.
     for section, sets in JIT_ROWS.items():
@@ -188,6 +198,8 @@ HEADLINES = [
     ("meta_step.tasks_per_s_task_loop", "per-task loop (tf.while_loop), tasks/s", ""),
     ("meta_step.speedup_vs_unrolled_loop", "vectorized / unrolled per-task loop", ""),
     ("meta_step.jit_speedup", "dense math in XLA / uncompiled (tasks/s), quickstart", ""),
+    ("meta_step.speedup_compiled_over_previous", "hot rows + optimizers in the XLA program / dense math only "
+     "(tasks/s, every id hot, 1 process)", ""),
     ("meta_step_inner_steps_3.jit_speedup", "… same, inner_steps: 3", ""),
     ("meta_step_dense_embedding.jit_speedup", "… same, adapt: dense+embedding", ""),
     ("meta_step_erm.jit_speedup", "… same, algo: erm", ""),

@@ -313,8 +313,20 @@ class MetaConfig:
     # compiles where ``make bench`` measured it faster (docs/profile.md: nowhere on CPU today);
     # true / false force it.
     jit_compile: Union[bool, Literal["auto"]] = "auto"
+    # The hot tier's rows inside that XLA program too (issue 43): the step gathers the hot rows
+    # from their worker-local variables, computes, and applies the dense optimizer and the hot
+    # rows' lazy Adam / Adagrad in the one program; TFRA is left only the cold ids (looked up
+    # before it, applied after). The same training as with it off. One process only (a hot
+    # row's gradient is exchanged between workers outside the program), every step syncing the
+    # hot rows (model.hot_sync_every: 1), and needs meta.jit_compile: true and a hot tier.
+    hot_in_program: bool = False
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.hot_in_program, bool), "meta.hot_in_program",
+                 f"must be true or false, got {self.hot_in_program!r}")
+        _require(not self.hot_in_program or self.jit_compile is True, "meta.hot_in_program",
+                 f"puts the hot rows in the compiled step's XLA program and needs meta.jit_compile: true, "
+                 f"got {self.jit_compile!r}")
         _require(self.inner_steps >= 1, "meta.inner_steps", f"must be >= 1, got {self.inner_steps}")
         _require(self.inner_solver == "sgd" or self.adapt == "head", "meta.inner_solver",
                  f"'newton' fits the last layer only and needs meta.adapt: head, got {self.adapt!r}")
@@ -555,6 +567,13 @@ class Config:
         _require(self.model.hot_sync_every == 1 or self.hot.budget_bytes > 0, "model.hot_sync_every",
                  f"is {self.model.hot_sync_every}, but hot.budget is 0 (no hot tier): there are no hot "
                  f"replicas to sync; set hot.budget or drop model.hot_sync_every")
+        if self.meta.hot_in_program:
+            _require(self.hot.budget_bytes > 0 and self.model.hot_split is not False, "meta.hot_in_program",
+                     "puts the hot tier's rows in the compiled step, but there is no hot tier (hot.budget is 0 "
+                     "or model.hot_split is false); set hot.budget or drop meta.hot_in_program")
+            _require(self.model.hot_sync_every == 1, "meta.hot_in_program",
+                     f"applies the hot rows every step inside the compiled step; model.hot_sync_every is "
+                     f"{self.model.hot_sync_every}, use one of the two")
         _require(self.model.hot_sync_every == 1 or self.train.steps_per_call == 1, "train.steps_per_call",
                  f"is {self.train.steps_per_call} with model.hot_sync_every {self.model.hot_sync_every}: a "
                  f"compiled call of several steps syncs the hot rows at every step; use one of the two")

@@ -212,10 +212,11 @@ class Embeddings:
         context.async_wait()
 
     # -- one step ---------------------------------------------------------------------------------
-    def lookup(self, batch: dict, *, trainable: bool, per_task: bool) -> SparseState:
-        """Every feature's rows for a task batch: one lookup per table (support + query)."""
+    def lookup(self, batch: dict, *, trainable: bool, per_task: bool, hot_apart: bool = False) -> SparseState:
+        """Every feature's rows for a task batch: one lookup per table (support + query).
+        ``hot_apart``: the hot rows are left to the caller (``meta.hot_in_program``; ``hot_cold.py``)."""
         return lookup_batch(self.tables, batch, self.cat_names, self.multi_names,
-                            trainable=trainable, per_task=per_task, requests=self.requests)
+                            trainable=trainable, per_task=per_task, requests=self.requests, hot_apart=hot_apart)
 
     def trainable(self) -> "TrainableRows":
         """What a step's tape differentiates, by who applies its gradient: the shadows TFRA's
@@ -226,14 +227,17 @@ class Embeddings:
         return TrainableRows(self.hot.remote_shadows(self.shadows()), self.hot.variables, self.hot.cold_variables)
 
     def apply(self, rows: "TrainableRows", shadow_grads: Sequence, hot_grads: Sequence = (),
-              cold_grads: Sequence = (), hot_sync: bool = True) -> Optional[list]:
+              cold_grads: Sequence = (), hot_sync: bool = True, hot_applied: bool = False) -> Optional[list]:
         """Apply one step's gradients (``rows`` is what ``trainable`` gave the tape). The hot rows
         go first: they read the tables' step counters, which the TFRA apply increments. Returns
         the prefetched tables' updates (``HotRows.store``'s patch), None without a hot tier.
-        ``hot_sync``: whether this step closes the hot rows' window (``model.hot_sync_every``)."""
+        ``hot_sync``: whether this step closes the hot rows' window (``model.hot_sync_every``).
+        ``hot_applied``: the compiled step already applied the hot rows' update
+        (``meta.hot_in_program``, ``HotRows.apply_rows``); the rest is applied here."""
         done = None
         if self.hot is not None:
-            done = self.hot.apply(list(hot_grads), self._opt(), list(cold_grads), sync=hot_sync)
+            done = self.hot.apply(list(hot_grads), self._opt(), list(cold_grads), sync=hot_sync,
+                                  hot_applied=hot_applied)
         rest = list(zip(shadow_grads, rows.shadows))
         if self.requests is not None:  # the tables this step's lookup sent as PS requests
             rest = self.requests.apply(rest)

@@ -28,6 +28,11 @@ Hot ids never reach the PS during training, so the PS copy of a hot row is stale
 With ``prefetch`` set (``hot/prefetch.py``, done by ``HotRows.attach``), a trainable lookup takes
 its cold rows from the rows read one step ahead instead of a shadow lookup; the gradient then
 flows to that buffer and ``HotRows.apply`` updates the cold rows too.
+
+``hot_apart`` (``meta.hot_in_program``): the lookup leaves the hot rows out (zeros in their
+place) and gives each row's hot slot instead, so the compiled step can gather them from
+``values`` itself, differentiate them and apply their optimizer in the same XLA program; the
+cold rows and the PS work stay here, outside it.
 """
 from __future__ import annotations
 
@@ -117,15 +122,21 @@ class HotColdTable:
         work), nor when the cold rows of a trainable lookup were read ahead (``prefetch``)."""
         return not self.local_only and not (trainable and self.prefetch is not None)
 
-    def lookup_unique(self, ids, trainable: bool = True) -> UniqueLookup:
+    def lookup_unique(self, ids, trainable: bool = True, hot_apart: bool = False) -> UniqueLookup:
+        """``hot_apart``: zeros in place of the hot rows, and ``hot_slot`` set (module doc)."""
         split = self.split(ids)
         if self.local_only:
             hot = split.slot >= 0
             served = tf.size(split.hot_pos) + tf.size(split.pad_pos)
             record = self.misses.assign(tf.cast(tf.size(split.uniq) - served, tf.int64))
             with tf.control_dependencies([record]):
-                tf.debugging.assert_equal(served, tf.size(split.uniq),
-                                          message=f"hot table {self.base.name}: {MISS_TEXT}")
+                check = tf.debugging.assert_equal(served, tf.size(split.uniq),
+                                                  message=f"hot table {self.base.name}: {MISS_TEXT}")
+            if hot_apart:
+                with tf.control_dependencies([check]):
+                    slot = tf.identity(tf.cast(split.slot, tf.int32))
+                return UniqueLookup(rows=tf.zeros([tf.size(split.uniq), self.base.dim], tf.float32),
+                                    index=split.index, hot_slot=slot)
             rows = tf.gather(self.values, tf.maximum(split.slot, 0)) * tf.cast(hot, tf.float32)[:, None]
             return UniqueLookup(rows=rows, index=split.index)
         if trainable and self.prefetch is not None:
@@ -133,14 +144,20 @@ class HotColdTable:
         else:
             cold = self.base.lookup_unique([split.cold], trainable=trainable)
             cold_rows = tf.gather(cold.rows, cold.index)
-        return self.join(split, cold_rows)
+        return self.join(split, cold_rows, hot_apart)
 
-    def join(self, split: "HotSplit", cold_rows: tf.Tensor) -> UniqueLookup:
-        """The batch's rows: ``cold_rows`` (one per ``split.cold`` id), the hot rows, the pad."""
-        hot_rows = tf.gather(self.values, tf.gather(split.slot, split.hot_pos))
+    def join(self, split: "HotSplit", cold_rows: tf.Tensor, hot_apart: bool = False) -> UniqueLookup:
+        """The batch's rows: ``cold_rows`` (one per ``split.cold`` id), the hot rows (zeros, and
+        each row's slot in ``hot_slot``, with ``hot_apart``), the pad."""
+        n_hot = tf.size(split.hot_pos)
+        if hot_apart:
+            hot_rows = tf.zeros([n_hot, self.base.dim], tf.float32)
+        else:
+            hot_rows = tf.gather(self.values, tf.gather(split.slot, split.hot_pos))
         pad_rows = tf.zeros([tf.size(split.pad_pos), self.base.dim], tf.float32)
         rows = tf.dynamic_stitch([split.cold_pos, split.hot_pos, split.pad_pos], [cold_rows, hot_rows, pad_rows])
-        return UniqueLookup(rows=tf.reshape(rows, [-1, self.base.dim]), index=split.index)
+        slot = tf.cast(split.slot, tf.int32) if hot_apart else None  # -1 for the cold ids and the pad
+        return UniqueLookup(rows=tf.reshape(rows, [-1, self.base.dim]), index=split.index, hot_slot=slot)
 
     def hot_mask(self, ids: tf.Tensor) -> tf.Tensor:
         """True where an id is served locally (for the benchmark's local-share figure)."""

@@ -31,6 +31,12 @@ class FeatureRows:
     support_valid: tf.Tensor  # float32, same shape as support_pos
     query_valid: tf.Tensor
     multi: bool
+    # ``hot_apart`` lookups: the hot slot of each of the batch's unique ids (-1: not hot; a hot
+    # slot appears once), ``rows`` zero at the hot rows; with ``per_task``, ``hot_source`` is
+    # the unique id each row is a task's copy of (None: row i is unique id i). Kept per unique id
+    # so the compiled step sums a slot's gradient over bounded rows, never over the whole table.
+    hot_slot: Optional[tf.Tensor] = None  # int32 [U]
+    hot_source: Optional[tf.Tensor] = None  # int32 [R]
 
 
 @dataclass
@@ -66,17 +72,23 @@ def feature_ids(batch: dict, cat_names: Sequence[str], multi_names: Sequence[str
 
 def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
                  multi_names: Sequence[str], *, trainable: bool, per_task: bool,
-                 requests: Optional[PsRequests] = None) -> SparseState:
+                 requests: Optional[PsRequests] = None, hot_apart: bool = False) -> SparseState:
     """``requests`` (``model.ps_requests: per_ps``) looks up the tables it takes in one request
     per PS; the members of a fused table are looked up together (``together``); every other
-    table looks itself up."""
+    table looks itself up. ``hot_apart``: hot/cold tables leave their hot rows to the caller
+    (``FeatureRows.hot_slot``; ``hot_cold.py``)."""
     ids = feature_ids(batch, cat_names, multi_names)
     train = trainable and de.ModelMode.CURRENT_SETTING == de.ModelMode.TRAIN
-    looked = together(tables, [x[:2] for x in ids], trainable, requests if train else None)
+    looked = together(tables, [x[:2] for x in ids], trainable, requests if train else None, hot_apart)
     feats = []
     for i, (table, (s_ids, q_ids, multi)) in enumerate(zip(tables, ids)):
-        got = looked[i] if i in looked else table.lookup_unique([s_ids, q_ids], trainable=trainable)
-        rows, index = got.rows, got.index
+        if i in looked:
+            got = looked[i]
+        elif hot_apart and isinstance(table, HotColdTable):
+            got = table.lookup_unique([s_ids, q_ids], trainable=trainable, hot_apart=True)
+        else:
+            got = table.lookup_unique([s_ids, q_ids], trainable=trainable)
+        rows, index, slot, source = got.rows, got.index, got.hot_slot, None
         n_s = tf.size(s_ids)
         if per_task:
             t = tf.shape(s_ids)[0]
@@ -87,6 +99,7 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
             key = tf.cast(tasks, tf.int64) * n_rows + tf.cast(index, tf.int64)
             keys, index = tf.unique(key, out_idx=tf.int32)
             rows = tf.gather(rows, keys % n_rows)
+            source = None if slot is None else tf.cast(keys % n_rows, tf.int32)
         feats.append(FeatureRows(
             rows=rows,
             support_pos=tf.reshape(index[:n_s], tf.shape(s_ids)),
@@ -94,12 +107,14 @@ def lookup_batch(tables: Sequence[Table], batch: dict, cat_names: Sequence[str],
             support_valid=tf.cast(s_ids >= 0, tf.float32),
             query_valid=tf.cast(q_ids >= 0, tf.float32),
             multi=multi,
+            hot_slot=slot,
+            hot_source=source,
         ))
     return SparseState(feats)
 
 
 def together(tables: Sequence[Table], ids: Sequence[Sequence[tf.Tensor]], trainable: bool,
-             requests: Optional[PsRequests] = None) -> Dict[int, UniqueLookup]:
+             requests: Optional[PsRequests] = None, hot_apart: bool = False) -> Dict[int, UniqueLookup]:
     """The lookups made together, by table index: every member of a fused table (one find and
     one shadow per fused table, ``EmbeddingTable.lookup_parts``) and, with ``requests``, every
     table it takes (one request per PS). A hot/cold table joins with its cold ids (hot rows stay
@@ -115,7 +130,7 @@ def together(tables: Sequence[Table], ids: Sequence[Sequence[tf.Tensor]], traina
         plan = t.split(ids[i]) if hot else UniqueIds.of(ids[i])
         parts.append((i, t, owner, plan, plan.cold if hot else plan.real))
     rows = _rows(parts, trainable, requests)
-    return {i: t.join(plan, r) if isinstance(t, HotColdTable) else plan.lookup(r, t.dim)
+    return {i: t.join(plan, r, hot_apart) if isinstance(t, HotColdTable) else plan.lookup(r, t.dim)
             for (i, t, _, plan, _), r in zip(parts, rows)}
 
 

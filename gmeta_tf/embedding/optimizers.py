@@ -157,3 +157,26 @@ class LazyRowOptimizer:
         for name, value in new_slots.items():
             s[name].scatter_nd_update(idx, value)
         var.scatter_nd_update(idx, w)
+
+    def apply_rows(self, var: tf.Variable, table: str, slot: tf.Tensor, grad: tf.Tensor,
+                   iterations: tf.Tensor) -> None:
+        """``apply`` as the compiled step has its gradients: ``slot`` [U] (each unique id's slot,
+        -1 where it is not hot; a hot slot appears once) and ``grad`` [U, dim], static shapes
+        and no unique op (XLA has none). A scatter writes every row, so each row that is not
+        hot stands in for the first hot row (same slot, same gradient, the same values
+        written); untouched slots keep their values and slots: lazy, as ``apply``. Costs the
+        batch's rows, not the table's."""
+        hot = slot >= 0
+        first = tf.argmax(tf.cast(hot, tf.int32), output_type=tf.int32)  # none hot: slot 0 rewritten as is
+        src = tf.where(hot, tf.range(tf.shape(slot)[0]), first)
+        slot, grad = tf.gather(slot, src), tf.gather(grad, src)
+        keep = (slot >= 0)[:, None]
+        at = tf.maximum(slot, 0)
+        s = self.slots[table]
+        old_w = tf.gather(var, at)
+        old_slots = {n: tf.gather(v, at) for n, v in s.items()}
+        w, new_slots = row_update(self.kind, self.lr, old_w, old_slots, grad, iterations)
+        idx = at[:, None]
+        for name, value in new_slots.items():
+            s[name].scatter_nd_update(idx, tf.where(keep, value, old_slots[name]))
+        var.scatter_nd_update(idx, tf.where(keep, w, old_w))

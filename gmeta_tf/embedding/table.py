@@ -33,6 +33,10 @@ class UniqueLookup:
 
     rows: tf.Tensor  # [U, D]
     index: tf.Tensor  # [P] int32
+    # ``hot_apart`` lookups of a hot/cold table (``hot_cold.py``): each row's hot slot, -1 where
+    # the row is cold or the pad; ``rows`` then holds zeros at the hot rows, which the caller
+    # gathers itself (inside the compiled step, ``meta.hot_in_program``).
+    hot_slot: Optional[tf.Tensor] = None  # [U] int32
 
 
 @dataclass

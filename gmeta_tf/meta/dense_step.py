@@ -19,10 +19,16 @@ own gradient.
 
 ``meta.jit_compile`` picks it (``jit_enabled``); the objectives below are also what the
 uncompiled step runs, so both paths evaluate the same expressions.
+
+``meta.hot_in_program`` (``ProgramStep``) moves more into the program: the hot tier's rows
+(gathered from their worker-local variables inside it, ``hot_cold.py``'s ``hot_apart``), the
+dense optimizer's apply and the hot rows' lazy Adam / Adagrad (``LazyRowOptimizer.apply_rows``).
+What stays outside is TFRA's: the cold ids' lookup before it, their apply after.
 """
 from __future__ import annotations
 
-from typing import List, Mapping, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Callable, List, Mapping, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -139,3 +145,87 @@ class DenseStep:
         grads = tape.gradient(loss, rows + params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = [tf.convert_to_tensor(g) for g in grads]
         return loss, grads[: len(rows)], grads[len(rows):]
+
+
+def _padded(x: tf.Tensor, f: FeatureRows, value: int) -> tf.Tensor:
+    """``x`` [n] padded with ``value`` to the bound ``padded_rows`` pads ``f``'s rows to."""
+    s, q = f.support_pos.shape.num_elements(), f.query_pos.shape.num_elements()
+    if s is None or q is None:
+        bound = tf.size(f.support_pos) + tf.size(f.query_pos) + 1
+        return tf.pad(x, [[0, bound - tf.shape(x)[0]]], constant_values=value)
+    return tf.ensure_shape(tf.pad(x, [[0, s + q + 1 - tf.shape(x)[0]]], constant_values=value), [s + q + 1])
+
+
+def padded_slots(sparse: SparseState, features: Sequence[int]) -> Tuple[List[tf.Tensor], List[tf.Tensor]]:
+    """``features``' hot slots per unique id (``FeatureRows.hot_slot``, padded with -1: not hot)
+    and, with per-task rows, each row's unique id (``hot_source``, padded with 0: a pad row is
+    never gathered, its gradient is zero), both to the rows' bound."""
+    slots = [_padded(sparse.features[i].hot_slot, sparse.features[i], -1) for i in features]
+    sources = [_padded(sparse.features[i].hot_source, sparse.features[i], 0) for i in features
+               if sparse.features[i].hot_source is not None]
+    return slots, sources
+
+
+@dataclass(frozen=True)
+class HotFeature:
+    """A feature whose table has hot rows the program gathers and trains itself: its index in the
+    lookup's feature order, the hot rows' variable, and how to apply their update
+    (``HotRows.apply_rows(table, slot, row_grads, iterations)``, bound to the table)."""
+
+    index: int
+    values: tf.Variable
+    apply_rows: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], None]
+
+
+class ProgramStep:
+    """``meta.hot_in_program``: the hot rows' gather, the dense math, the dense optimizer and the
+    hot rows' lazy optimizer as one XLA program. ``DenseStep`` leaves the applies outside, which
+    keeps two hops over the program's edge per step (row values in, row gradients out, each
+    a scatter or a gather on the hot variables run op by op); here the hot variables are read
+    and written where the math runs, and the caller is left with the cold rows (TFRA's, looked
+    up before, their gradients chained back and applied after). One process: the dense and hot
+    gradients are the rank's own, with nothing to exchange (``TrainStep`` refuses more ranks)."""
+
+    def __init__(self, dense: DenseStep, dense_opt, hot: Sequence[HotFeature]):
+        self.dense = dense
+        self.dense_opt = dense_opt
+        self.variables = [dense.model.dense_variables[n] for n in dense.names]
+        self.hot = list(hot)
+        self.hot_features = [h.index for h in self.hot]
+        self._compiled = tf.function(self._train, jit_compile=True, reduce_retracing=True, autograph=False)
+
+    def run(self, rows: Sequence[tf.Tensor], slots: Sequence[tf.Tensor], sources: Sequence[tf.Tensor],
+            counters: Sequence[tf.Tensor], sparse: SparseState, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+        """Train on ``batch``: ``rows`` are the padded rows (zeros at the hot ones), ``slots`` and
+        ``sources`` the hot features' (``padded_slots``; no sources: row i is unique id i),
+        ``counters`` their tables' step counters read before the step (Adam's bias correction).
+        Returns the loss and every row's gradient, for the caller to chain to the cold rows (a
+        hot row's is zero there: its row is a constant)."""
+        positions = [(f.support_pos, f.query_pos, f.support_valid, f.query_valid) for f in sparse.features]
+        samples = {w: {k: batch[w][k] for k in _SAMPLE_KEYS if k in batch[w]} for w in ("support", "query")}
+        samples["task_mask"] = batch["task_mask"]
+        return self._compiled(list(rows), list(slots), list(sources), list(counters), positions, samples)
+
+    def _train(self, rows, slots, sources, counters, positions, batch):
+        rows = list(rows)
+        sources = list(sources) or [None] * len(slots)
+        for h, slot, source in zip(self.hot, slots, sources):
+            row_slot = slot if source is None else tf.gather(slot, source)
+            gathered = tf.gather(h.values, tf.maximum(row_slot, 0))
+            rows[h.index] = tf.where((row_slot >= 0)[:, None], gathered, rows[h.index])
+        dense = self.dense
+        sparse = SparseState([FeatureRows(r, *p, multi=m) for r, p, m in zip(rows, positions, dense.multi)])
+        params = [v.read_value() for v in self.variables]
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(rows + params)
+            loss = dense.objective(dict(zip(dense.names, params)), sparse, batch)
+        grads = tape.gradient(loss, rows + params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        row_grads, dense_grads = grads[: len(rows)], grads[len(rows):]
+        self.dense_opt.apply_gradients(zip(dense_grads, self.variables))
+        for h, slot, source, iterations in zip(self.hot, slots, sources, counters):
+            grad = row_grads[h.index]
+            if source is not None:  # a task's copies of a row: their gradients summed, per unique id
+                grad = tf.math.unsorted_segment_sum(grad, source, tf.shape(slot)[0])
+            h.apply_rows(slot, grad, iterations)
+        return loss, row_grads

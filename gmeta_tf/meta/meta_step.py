@@ -16,8 +16,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from gmeta_tf.config.schema import MetaConfig
-from gmeta_tf.meta.dense_step import DenseStep, erm_objective, jit_enabled, maml_objective, padded_rows
+from gmeta_tf.config.schema import ConfigError, MetaConfig
+from gmeta_tf.meta.dense_step import (
+    DenseStep,
+    HotFeature,
+    ProgramStep,
+    erm_objective,
+    jit_enabled,
+    maml_objective,
+    padded_rows,
+    padded_slots,
+)
 from gmeta_tf.meta.inner_loop import InnerLoopSpec
 from gmeta_tf.model.dlrm import DLRM
 
@@ -67,6 +76,8 @@ class TrainStep:
         model.embeddings.build_slots(emb_opt)  # and the hot tier's prefetch, which reads them
         self.rows = model.embeddings.trainable()
         self.shadows, self.hot_vars, self.cold_vars = self.rows.shadows, self.rows.hot, self.rows.cold
+        # meta.hot_in_program: the hot rows and both optimizers' applies inside the XLA program too.
+        self._program = self._hot_program(meta, sync) if meta.hot_in_program else None
         # model.hot_sync_every > 1 (embedding/hot/stale.py): a step either closes the hot rows'
         # window (exchanges) or trains them locally; two traces, picked by the step number.
         hot = model.embeddings.hot
@@ -123,6 +134,25 @@ class TrainStep:
         fn = steps_ahead if ahead else steps
         fn.__name__ = f"gmeta_train_steps{'_ahead' if ahead else ''}_{tag}"
         return tf.function(fn, reduce_retracing=True, autograph=False)
+
+    def _hot_program(self, meta: MetaConfig, sync) -> ProgramStep:
+        """The ``ProgramStep`` over this model's hot tables (none without a hot tier: then only the
+        dense optimizer joins the program)."""
+        if self._dense_step is None:
+            raise ConfigError("config key 'meta.hot_in_program': needs meta.jit_compile: true")
+        if sync.size > 1:
+            raise ConfigError(f"config key 'meta.hot_in_program': runs in one process only, this job has "
+                              f"{sync.size} workers (their hot-row and dense gradients are exchanged outside "
+                              f"the compiled step); drop meta.hot_in_program")
+        hot = self.embeddings.hot
+        if hot is not None and (hot.window is not None or hot.grad_sync.size > 1):
+            raise ConfigError("config key 'meta.hot_in_program': needs model.hot_sync_every: 1 and one process")
+        feats = []
+        if hot is not None:
+            for i, table in enumerate(self.embeddings.tables):
+                if any(table is t for t in hot.tables):
+                    feats.append(HotFeature(i, table.values, lambda slot, g, it, t=table: hot.apply_rows(t, slot, g, it)))
+        return ProgramStep(self._dense_step, self.dense_opt, feats)
 
     def hot_sync_due(self, step: int) -> bool:
         """Whether step ``step`` (1-based) closes the hot window: every ``hot_sync_every``-th
@@ -212,11 +242,36 @@ class TrainStep:
             self.stop_vote.assign(float(stop))
 
     def _apply(self, batch: dict, hot_sync: bool = True):
+        if self._program is not None:
+            return self._apply_in_program(batch, hot_sync)
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
         *dense_grads, votes = self.sync.allreduce([*dense_grads, self.stop_vote.read_value()])
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
         done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads, hot_sync=hot_sync)
         return {"loss": loss, "stop": votes > 0.0}, done
+
+    def _apply_in_program(self, batch: dict, hot_sync: bool):
+        """``_apply`` with ``meta.hot_in_program``: the lookup leaves the hot rows to the program
+        (``hot_apart``), which trains them and the dense weights; TFRA's shadows and the
+        read-ahead cold rows get their chained gradients here, after it. One process: the stop
+        vote is this rank's own."""
+        program, dense = self._program, self._dense_step
+        with tf.GradientTape() as tape:
+            sparse = self.embeddings.lookup(batch, trainable=True, hot_apart=True,
+                                            per_task=dense.spec.adapt_embeddings and not dense.erm)
+            rows = padded_rows(sparse)
+        slots, sources = padded_slots(sparse, program.hot_features)
+        hot = self.embeddings.hot
+        counters = [] if hot is None else [
+            self.embeddings.optimizers.for_shadow(self.embeddings.tables[i].base.shadow).iterations.read_value()
+            for i in program.hot_features]
+        loss, row_grads = program.run(rows, slots, sources, counters, sparse, batch)
+        outside = self.shadows + self.cold_vars
+        grads = tape.gradient(rows, outside, output_gradients=row_grads,
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO) if outside else []
+        m = len(self.shadows)
+        done = self.embeddings.apply(self.rows, grads[:m], [], grads[m:], hot_sync=hot_sync, hot_applied=True)
+        return {"loss": loss, "stop": self.stop_vote.read_value() > 0.0}, done
 
     def _step(self, batch: dict, hot_sync: bool = True) -> Dict[str, tf.Tensor]:
         """``loss``, and ``stop``: whether any rank voted to stop after this step (the mean of

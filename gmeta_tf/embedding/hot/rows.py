@@ -116,18 +116,24 @@ class HotRows:
         local-only tables (no PS work) nor of prefetched ones (``apply`` updates their cold rows)."""
         return [s for s in shadows if s.name not in self.own]
 
-    def apply(self, grads: List, emb_opt, cold_grads: List = (), sync: bool = True) -> List:
+    def apply(self, grads: List, emb_opt, cold_grads: List = (), sync: bool = True,
+              hot_applied: bool = False) -> List:
         """Aggregate over ranks, then update. Call before the tables' own apply (it reads their
         step counters, which that apply increments; for a table with no TFRA apply, local-only
         or prefetched, the counter is advanced here, so Adam's bias correction and the
         checkpointed counter stay what the PS path has). Returns the prefetched tables' updates
         (``store``'s patch). With ``sync_every > 1``, ``sync`` says whether this step closes the
         window (``hot/stale.py``); otherwise each rank applies its own gradient and exchanges
-        nothing."""
+        nothing. ``hot_applied``: the compiled step applied the hot rows already (``apply_rows``,
+        ``meta.hot_in_program``): only the cold rows and the counters are left, ``grads`` unused."""
         cold = dict(zip([t.name for t in self.prefetched], cold_grads))
         done = []
         counters = {t.name: emb_opt.for_shadow(t.base.shadow).iterations for t in self.tables}
-        if self.window is None:  # every step: the exact path as it always was
+        if hot_applied:
+            if self.window is not None or self.grad_sync.size > 1:
+                raise ValueError("hot rows applied in the compiled step need one process and "
+                                 "model.hot_sync_every: 1 (meta.hot_in_program)")
+        elif self.window is None:  # every step: the exact path as it always was
             for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
                 self.opt.apply(table.values, table.name, slots, grad, counters[table.name])
         else:
@@ -145,6 +151,13 @@ class HotRows:
         for iterations in self.own.values():  # after every read above; once per TFRA table
             iterations.assign_add(1)
         return done
+
+    def apply_rows(self, table: HotColdTable, slot: tf.Tensor, row_grads: tf.Tensor, iterations: tf.Tensor) -> None:
+        """``table``'s update from the gradients of a step's unique ids (``slot``: each one's hot
+        slot, -1 for a cold id or the pad), inside the compiled step (``meta.hot_in_program``): one
+        process, so the rank's own gradient is the mean ``apply`` would exchange. ``iterations``:
+        the table's step counter read before the step, as ``apply`` reads it."""
+        self.opt.apply_rows(table.values, table.name, slot, row_grads, iterations)
 
     @property
     def values_of(self) -> Dict[str, tf.Variable]:
