@@ -133,16 +133,11 @@ def test_train_with_hot_split_and_min_id_count_learns(rare_data, tmp_path):
 @pytest.mark.integration
 def test_profile_command_prints_the_hot_set_over_emitted_ids(rare_data, tmp_path):
     import re
-    import shutil
 
-    from click.testing import CliRunner
+    from cli_helpers import profile_a_copy
 
-    from gmeta_tf.cli.main import cli
-
-    data = tmp_path / "prep"
-    shutil.copytree(rare_data, data)
-    r = CliRunner().invoke(cli, ["data", "profile", str(data), "--set", "hot.budget=256MiB",
-                                 "--set", "data.min_id_count.item_id=3"])
+    data, r = profile_a_copy(rare_data, tmp_path / "prep",
+                             ["--set", "hot.budget=256MiB", "--set", "data.min_id_count.item_id=3"])
     assert r.exit_code == 0, r.output
     schema = json.loads((data / fmt.SCHEMA_FILE).read_text())
     frequent = rare_ids.frequent_ids(str(data), schema, {"item_id": 3})["item_id"]

@@ -243,16 +243,12 @@ def test_budget_zero_is_the_plain_path(tmp_path):
 
 
 def test_profile_command_writes_files_and_prints_coverage(prepared_2500, tmp_path):
-    import shutil
-
+    from cli_helpers import profile_a_copy
     from click.testing import CliRunner
 
     from gmeta_tf.cli.main import cli
 
-    data = tmp_path / "prepared"
-    shutil.copytree(prepared_2500, data)
-    r = CliRunner().invoke(cli, ["data", "profile", str(data), "--exact-max-ids", "5000",
-                                 "--set", "hot.budget=1MiB"])
+    data, r = profile_a_copy(prepared_2500, tmp_path / "prepared", ["--exact-max-ids", "5000", "--set", "hot.budget=1MiB"])
     assert r.exit_code == 0, r.output
     assert "item_id          sketch" in r.output and "device           exact" in r.output
     assert "hot set:" in r.output and "of 1.00 MiB per worker" in r.output
