@@ -93,11 +93,11 @@ def rare_data(tmp_path_factory):
     return root / "prep"
 
 
-def _cfg(data, steps, k=3, select="count"):
+def _cfg(data, steps, k=3, select="count", eval_every=0):
     return load_config("configs/quickstart.yaml", [
         f"data.path={data}", "data.tasks_per_batch=8", "data.support=12", "data.query=4",
         f"data.min_id_count.item_id={k}", f"data.min_id_count.item_tags={k}",
-        f"train.steps={steps}", "train.log_every=10", "train.checkpoint_every=1000", "train.eval_every=0",
+        f"train.steps={steps}", "train.log_every=10", "train.checkpoint_every=1000", f"train.eval_every={eval_every}",
         "hot.budget=256MiB", f"hot.select={select}"])
 
 
@@ -119,15 +119,58 @@ def test_choose_hot_set_uses_the_emitted_ids(rare_data):
             assert np.isin(got[got != R], frequent[t]).all(), (select, t)
 
 
+def _unseen_ids(cfg, hot_set) -> dict:
+    """Per local-only table, the ids of the valid split outside its hot set (new users' ids)."""
+    from gmeta_tf.metaio.reader import make_dataset
+
+    out = {}
+    for batch in make_dataset(str(cfg.data.path), "valid", cfg.data, training=False):
+        for t in (t for t, only in hot_set.local_only.items() if only):
+            for which in ("support", "query"):
+                part = batch[which]["cat" if t in batch[which]["cat"] else "multi"][t].numpy().ravel()
+                part = part[part >= 0]
+                out.setdefault(t, set()).update(part[~np.isin(part, hot_set.ids[t])].tolist())
+    return out
+
+
 @pytest.mark.integration
-def test_train_with_hot_split_and_min_id_count_learns(rare_data, tmp_path):
+def test_train_with_hot_split_and_min_id_count_learns_and_validates(rare_data, tmp_path):
+    """The budget holds every train id, so tables are served without the PS; validation meets
+    new users' ids outside the hot set (user_city: no min_id_count pools them into RARE_ID). It
+    used to fail at the first validation (a raw InvalidArgumentError); now each validation scores
+    them as ``gmeta eval`` does, on the checkpoint's PS tables with no hot tier: same metrics."""
+    from gmeta_tf.embedding.hot.rows import choose_hot_set, hot_profiles, touched_bounds
+    from gmeta_tf.evaluation.evaluate import evaluate
+    from gmeta_tf.train.trained_run import load_trained
     from gmeta_tf.train.trainer import train
 
-    s = train(_cfg(rare_data, 60), tmp_path / "run")
+    cfg = _cfg(rare_data, 60, eval_every=30)
+    schema = json.loads((rare_data / fmt.SCHEMA_FILE).read_text())
+    cat = [c["name"] for c in schema["categorical"]]
+    multi = [c["name"] for c in schema["multi_hot"]]
+    profiles = hot_profiles(cfg)
+    hs = choose_hot_set(cfg, profiles, {t: 16 for t in profiles}, touched_bounds(cat, multi, cfg.data), workers=1)
+    unseen = _unseen_ids(cfg, hs)
+    assert unseen.get("user_city"), unseen  # what this test is about: local-only, with new ids to score
+
+    s = train(cfg, tmp_path / "run")
     rank0 = json.loads((tmp_path / "run" / "ranks" / "rank0.json").read_text())
     assert rank0["hot_rows"] > 0 and rank0["hot_ps_mismatches"] == 0
     losses = [h["loss"] for h in s["history"]]
     assert losses[-1] < losses[0], losses
+    assert [v["step"] for v in s["validation"]] == [30, 60], s["validation"]
+    metric, last = s["best"]["metric"], s["validation"][-1]
+    run_cfg, model, _ = load_trained(tmp_path / "run", checkpoint="latest")
+    assert not any(type(t).__name__ == "HotColdTable" for t in model.tables)  # gmeta eval: no hot tier
+    got = evaluate(model, run_cfg, run_cfg.meta.algo, split="valid", with_baselines=False)
+    assert got[metric] == pytest.approx(last[metric], abs=1e-5), (got, last)
+    # The export's model (static tables from the same checkpoint's files) scores them so too.
+    from gmeta_tf.export.checkpoint_reader import pick_checkpoint
+    from gmeta_tf.export.frozen_model import FrozenModel
+
+    frozen = FrozenModel(run_cfg, schema, pick_checkpoint(str(tmp_path / "run"), "latest"))
+    got = evaluate(frozen, run_cfg, run_cfg.meta.algo, split="valid", with_baselines=False)
+    assert got[metric] == pytest.approx(last[metric], abs=1e-5), (got, last)
 
 
 @pytest.mark.integration

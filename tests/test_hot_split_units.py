@@ -124,9 +124,9 @@ def test_budget_config_parsing():
         load_config(None, ["hot.min_count=0"])
 
 
-def _model_with_rows(schema, batches, bp_v2=False):
+def _model_with_rows(schema, batches, bp_v2=False, fuse=False):
     # TFRA's per-table path, where cold rows are read ahead (fused: tests/test_fused_tables.py)
-    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1, fuse_tables=False), schema,
+    model = DLRM(ModelConfig(embedding_dim=4, bottom_mlp=[6], top_mlp=[8], seed=1, fuse_tables=fuse), schema,
                  bp_v2=bp_v2)
     for table, name in zip(model.tables, model.table_names):
         part = "cat" if name in model.cat_names else "multi"
@@ -313,3 +313,65 @@ def test_prefetch_refuses_a_batch_it_did_not_read_ahead():
         step.step(b3)
     # The refused step wrote nothing half-way: the next call reads its own rows first and trains.
     assert np.isfinite(float(step.step(b3)["loss"]))
+
+
+def _unseen(batch, name, shift, seed=0):
+    """``batch`` with about half of feature ``name``'s real ids moved ``shift`` up (ids no
+    training batch holds): the new users of a validation or test split."""
+    rng = np.random.default_rng(seed)
+    out = {**batch}
+    for which in ("support", "query"):
+        ids = batch[which]["cat"][name].numpy()
+        moved = np.where((ids >= 0) & (rng.random(ids.shape) < 0.5), ids + shift, ids)
+        out[which] = {**batch[which], "cat": {**batch[which]["cat"], name: tf.constant(moved)}}
+    return out
+
+
+@pytest.mark.parametrize("adapt,fuse", [("top", False), ("dense+embedding", True)])
+def test_local_only_tables_score_unseen_ids_as_the_plain_tables_do(adapt, fuse):
+    """A budget holding every train id serves a table without the PS (``local_only``), but
+    validation and evaluation users bring ids training never saw. Those must score as the plain
+    path scores them (the PS row, or zeros for an id the PS does not hold: read-only lookups
+    never draw nor insert), before and after adapting: not fail the validation pass. City id 6
+    is not a train id but the PS holds a row for it (a warm start from another run's tables):
+    the plain path scores it with that row, so the hot path must ask the PS, not assume zeros.
+    Fused (every table one TFRA table), the new ids are read in the fused table's one find."""
+    from gmeta_tf.evaluation.evaluate import query_predictions
+
+    schema = tiny_schema("click")
+    train = random_batch(schema, T=4, seed=1)
+    model = _model_with_rows(schema, [train], fuse=fuse)
+    city = model.tables[1]
+    assert type(city).__name__ == ("FusedMember" if fuse else "EmbeddingTable")
+    city.variable.upsert(tf.constant([6], tf.int64), tf.constant([[0.5, -0.5, 0.25, 1.0]], tf.float32))
+    valid = _unseen(_unseen(random_batch(schema, T=4, seed=9), "city", 5), "item", 50)
+    cfg = load_config(None, [f"meta.adapt={adapt}", "meta.inner_steps=1", "meta.inner_lr=0.3"])
+
+    def scores():
+        fn = tf.function(lambda b: query_predictions(model, cfg, b, steps=1, lr=0.3, adapt_set=adapt),
+                         autograph=False)
+        return [x.numpy() for x in fn(valid)]
+
+    plain = scores()
+    train_ids = {n: np.unique(np.concatenate([train[w]["cat"][n].numpy().ravel() for w in ("support", "query")]))
+                 for n in ("item", "city")}
+    ids = {n: v[v >= 0] for n, v in train_ids.items()}
+    hs = HotSet(ids, {k: 0 for k in ids}, {k: 1 for k in ids}, 0, 1, local_only={"item": True, "city": True})
+    rows = model.embeddings.use_hot(HotRows(model.tables, hs, LocalSync(), "adam", 0.05, {"item": 100, "city": 100}))
+    _, emb_opt = make_optimizers(TrainConfig(embedding_optimizer="adam"))
+    model.embeddings.build_slots(emb_opt)
+    rows.load(emb_opt)
+    seen = {n: np.concatenate([valid[w]["cat"][n].numpy().ravel() for w in ("support", "query")]) for n in ids}
+    for n in ids:  # the batch really holds ids outside the hot set (and 6 among city's)
+        assert not np.isin(seen[n][seen[n] >= 0], ids[n]).all(), n
+    assert 6 in seen["city"] and 6 not in ids["city"]
+    if fuse:  # a read-only lookup sends the new ids of item and city with tags' in one find
+        from gmeta_tf.embedding.lookup import feature_ids, together
+
+        ids_now = [x[:2] for x in feature_ids(valid, model.cat_names, model.multi_names)]
+        assert sorted(together(model.tables, ids_now, False)) == [0, 1, 2]
+    hot = scores()
+    for a, b in zip(plain, hot):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5)
+    assert [int(t.misses.numpy()) for t in rows.tables] == [0, 0]  # nothing counted as a training miss
+    assert city.size() == len(train_ids["city"][train_ids["city"] >= 0]) + 1  # read-only: nothing inserted

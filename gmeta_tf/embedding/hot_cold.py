@@ -16,11 +16,21 @@ base table's variable and slots as ``table.base``. The lookup:
 
 With ``local_only`` (the hot set holds every id of the train split, see ``hot/select.py``) the
 table never talks to the PS during training: no cold lookup, and the meta step leaves its
-shadow out of the TFRA apply. An id outside the hot set then fails the step with an error
-naming the table instead of being served a wrong row (it can only come from a profile of other
-data). The step's graph records how many such ids it met (``misses``) before it fails, so the
+shadow out of the TFRA apply. An id outside the hot set in a *trainable* lookup then fails the
+step with an error naming the table instead of being served a wrong row (it can only come from
+a profile of other data): an initial row would score, but its gradient would have nowhere to go
+(no TFRA apply, no hot slot), so the id would silently never train where the PS path trains it.
+The step's graph records how many such ids it met (``misses``) before it fails, so the
 embedding package turns the failure into a typed ``HotSetMissError`` naming the table
 (``collection.Embeddings.step_errors``) without reading TensorFlow's error text.
+
+A *read-only* lookup (validation, which scores new users, the point of cold start) meets ids
+outside the train split by design. It reads them from the PS exactly like a table that is not
+local-only: hot ids from ``values``, the others through the base table's read-only lookup, which
+gives the PS row where the table holds one (a warm start's) and zeros otherwise, never drawing
+or inserting a row. So validation scores what ``gmeta eval`` and an export score on the
+checkpoint's PS tables, which have no hot tier. The one PS find per table and validation batch
+is the price; training steps still send nothing.
 
 Hot ids never reach the PS during training, so the PS copy of a hot row is stale until
 ``HotRows.write_back`` copies it there (checkpoint time).
@@ -118,14 +128,18 @@ class HotColdTable:
 
     def cold_together(self, trainable: bool) -> bool:
         """Whether this table's cold rows can be read with other tables' rows (its base's
-        fused table, a PS request: ``lookup.lookup_batch``): not when every id is hot (no PS
-        work), nor when the cold rows of a trainable lookup were read ahead (``prefetch``)."""
-        return not self.local_only and not (trainable and self.prefetch is not None)
+        fused table, a PS request: ``lookup.lookup_batch``): not when every train id is hot and
+        the lookup trains (no PS work), nor when the cold rows of a trainable lookup were read
+        ahead (``prefetch``). A read-only lookup of a local-only table reads its cold ids (new
+        users' ids) like any other hot/cold table's."""
+        if trainable:
+            return not self.local_only and self.prefetch is None
+        return True
 
     def lookup_unique(self, ids, trainable: bool = True, hot_apart: bool = False) -> UniqueLookup:
         """``hot_apart``: zeros in place of the hot rows, and ``hot_slot`` set (module doc)."""
         split = self.split(ids)
-        if self.local_only:
+        if self.local_only and trainable:
             hot = split.slot >= 0
             served = tf.size(split.hot_pos) + tf.size(split.pad_pos)
             record = self.misses.assign(tf.cast(tf.size(split.uniq) - served, tf.int64))

@@ -33,7 +33,8 @@ class HotSet:
     bytes_used: int
     budget: int
     # Tables whose hot rows are every id of the train split (a complete profile): served
-    # without the PS at all during training (``HotColdTable(local_only=True)``).
+    # without the PS in training steps (``HotColdTable(local_only=True)``); validation's
+    # read-only lookups still read new users' ids from it.
     local_only: Dict[str, bool] = field(default_factory=dict)
 
     def coverage(self, table: str) -> float:
