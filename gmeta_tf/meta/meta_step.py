@@ -137,9 +137,8 @@ class TrainStep:
 
     def _hot_program(self, meta: MetaConfig, sync) -> ProgramStep:
         """The ``ProgramStep`` over this model's hot tables (none without a hot tier: then only the
-        dense optimizer joins the program)."""
-        if self._dense_step is None:
-            raise ConfigError("config key 'meta.hot_in_program': needs meta.jit_compile: true")
+        dense optimizer joins the program). ``MetaConfig`` already requires ``meta.jit_compile: true``;
+        what it cannot see (the job's workers, the hot tier's window) is checked here, once."""
         if sync.size > 1:
             raise ConfigError(f"config key 'meta.hot_in_program': runs in one process only, this job has "
                               f"{sync.size} workers (their hot-row and dense gradients are exchanged outside "

@@ -129,14 +129,11 @@ class HotRows:
         cold = dict(zip([t.name for t in self.prefetched], cold_grads))
         done = []
         counters = {t.name: emb_opt.for_shadow(t.base.shadow).iterations for t in self.tables}
-        if hot_applied:
-            if self.window is not None or self.grad_sync.size > 1:
-                raise ValueError("hot rows applied in the compiled step need one process and "
-                                 "model.hot_sync_every: 1 (meta.hot_in_program)")
-        elif self.window is None:  # every step: the exact path as it always was
+        # hot_applied: one process, no window (TrainStep checked it when the step was built)
+        if self.window is None and not hot_applied:  # every step: the exact path as it always was
             for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
                 self.opt.apply(table.values, table.name, slots, grad, counters[table.name])
-        else:
+        elif self.window is not None:
             for table, g in zip(self.tables, grads):
                 slots, grad = touched_slots(g, table.num_hot)
                 self.window.add(table.name, slots, grad)
