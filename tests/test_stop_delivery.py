@@ -95,3 +95,21 @@ def test_a_grace_time_out_is_recorded_as_such_not_as_a_checkpoint(tmp_path):
     rec = rank_status.read(str(status), 0)
     assert rec.exit.reason is ExitReason.GRACE_EXPIRED and not rec.exit.checkpointed and rec.checkpoint is None
     assert "grace period" in r.stdout
+
+
+def test_the_next_vote_sees_a_signal_before_the_watcher_thread_has_run(monkeypatch):
+    """The vote right after a signal carries it, whether or not the watcher thread was scheduled
+    in between. It did not: the vote read only what the watcher had noted, so a rank let go just
+    after its signal (SIGCONT) could vote "no" once and checkpoint a step later than its peers
+    expected (CI of stop 47: step 22 agreed where 21 was due). Here the watcher never runs."""
+    def unscheduled(self, timeout_s):
+        time.sleep(min(timeout_s, 0.05))
+        return []
+    monkeypatch.setattr(StopSignals, "wait", unscheduled)
+    lines = []
+    with PreemptionWatch(60.0, lines.append, rank=1) as watch:
+        assert not watch.poll()
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs in this thread before kill returns
+        assert watch.poll() and watch.signum == signal.SIGTERM
+        assert watch.exit_signal() == signal.SIGTERM
+    assert len(lines) == 1 and "SIGTERM" in lines[0], lines

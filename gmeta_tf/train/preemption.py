@@ -95,7 +95,12 @@ class PreemptionWatch:
 
     def poll(self) -> bool:
         """Whether this rank asks to stop: a signal it got, or the launcher's stop file. The
-        trainer calls it before each step's vote."""
+        trainer calls it before each step's vote. A signal is read from the handler's record as
+        well as by the watcher: the handler runs in this (the main) thread as soon as the signal
+        arrives, while the watcher may not have been scheduled yet, and a vote that waited for it
+        could miss the step the signal came before (a flaky agreed step in CI, stop 47)."""
+        if self.signum is None and self._signals.first is not None:
+            self._note(self._signals.first, exit_codes.signal_name(self._signals.first))
         if self.signum is None and self.stop_file:
             request = StopRequest.read(self.stop_file)
             if request is not None:

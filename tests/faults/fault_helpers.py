@@ -40,7 +40,7 @@ def project_processes(tag: str) -> List[int]:
 # A model and batch small enough that a step takes milliseconds on a shared 2-core box.
 TINY_SETS = ["data.tasks_per_batch=8", "data.support=8", "data.query=4", "data.shuffle_buffer=64",
              "model.embedding_dim=8", "model.bottom_mlp=[8]", "model.top_mlp=[16]", "train.log_every=10",
-             "train.checkpoint_every=10", "train.keep_checkpoints=5", "cluster.table_create_settle_s=1"]
+             "train.checkpoint_every=10", "train.keep_checkpoints=5"]
 
 
 # -- real processes: spawn, wait, read their output --------------------------------------------
