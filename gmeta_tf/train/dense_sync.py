@@ -60,10 +60,21 @@ class HorovodSync:
 
     def __init__(self, hvd, wire: Wire = Wire()):
         self.hvd = hvd
-        self.rank = hvd.rank()
-        self.size = hvd.size()
-        self.local_rank = hvd.local_rank()
         self.wire = wire
+
+    # Read from Horovod at each use, not kept: under Horovod Elastic a lost worker re-forms the
+    # ring (``reset``), and the survivors' ranks and the ring's size change (train/elastic.py).
+    @property
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    @property
+    def size(self) -> int:
+        return self.hvd.size()
+
+    @property
+    def local_rank(self) -> int:
+        return self.hvd.local_rank()
 
     @classmethod
     def create(cls, wire: Wire = Wire()) -> "HorovodSync":
@@ -96,6 +107,16 @@ class HorovodSync:
         a bfloat16 tensor moves as its bits)."""
         got = self.hvd.grouped_allgather([as_bits(t) for t in tensors])
         return [from_bits(g, t.dtype) for g, t in zip(got, tensors)]
+
+    def broadcast_object(self, obj):
+        """Rank 0's picklable ``obj`` on every rank (Horovod Elastic's commit check uses it)."""
+        return self.hvd.broadcast_object(obj, root_rank=0)
+
+    def reset(self) -> None:
+        """Leave the ring and join the next one the elastic driver forms (Horovod Elastic's reset):
+        blocks until the driver has re-formed it without the lost workers."""
+        self.hvd.shutdown()
+        self.hvd.init()
 
 
 Collective = Callable[[tf.Tensor], tf.Tensor]
