@@ -125,6 +125,12 @@ def one_worker_argv(tiny_data, run, *extra_sets, restarts=0, steps=REFERENCE_STE
     return [*argv, "--max-restarts", str(restarts), "--restart-backoff", "0.5", *_sets(*extra_sets)]
 
 
+def _assert_all_complete(run: Path):
+    left = [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-")
+            and not (p / "meta.json").exists()]
+    assert not left, f"incomplete checkpoints left: {left}"
+
+
 def _complete_steps(run):
     return sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
 

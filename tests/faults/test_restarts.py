@@ -28,6 +28,7 @@ from fault_helpers import (
     GMETA,
     REFERENCE_STEPS,
     TINY_SETS,
+    _assert_all_complete,
     _cmd,
     _complete_steps,
     _finish,
@@ -72,12 +73,6 @@ def _assert_same_model(run: Path, reference: Path):
     for name, (keys, values) in want_tables.items():
         np.testing.assert_array_equal(got_tables[name][0], keys, err_msg=name)
         np.testing.assert_allclose(got_tables[name][1], values, atol=1e-5, err_msg=name)
-
-
-def _assert_all_complete(run: Path):
-    left = [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-")
-            and not (p / "meta.json").exists()]
-    assert not left, f"incomplete checkpoints left: {left}"
 
 
 # -- 0. SIGTERM to the embedded trainer: the same protocol in one process -------------------------

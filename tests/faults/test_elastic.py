@@ -1,0 +1,51 @@
+"""Elastic workers (issue 42): a killed worker's job finishes without a restart.
+
+``gmeta launch local --elastic`` runs the workers as a Horovod Elastic ring over Gloo (real PS,
+real horovodrun, real ranks). Rank 1 freezes itself after step 20 (its commit and checkpoint
+done), is killed with SIGKILL, and rank 0, waiting for it in step 21's all-reduce, rolls back to
+the commit of step 20 and trains on alone to the last step: no "[launch] restart" line, no
+``restarts`` in ``train_summary.json``, every checkpoint complete, nothing left running.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from fault_helpers import (
+    REFERENCE_STEPS,
+    _assert_all_complete,
+    _complete_steps,
+    _finish,
+    _launch_argv,
+    _output,
+    _rank_pids,
+    _spawn,
+    _wait_frozen,
+)
+
+STEPS = REFERENCE_STEPS
+
+
+def test_a_killed_worker_leaves_the_survivor_to_finish_without_a_restart(tiny_data, tmp_path, no_orphans):
+    run = tmp_path / "run"
+    proc = _spawn([*_launch_argv(tiny_data, run, steps=STEPS), "--elastic"], pause_at="20:1")
+    rank1 = _wait_frozen(lambda: _rank_pids(no_orphans, 1), proc, what="rank 1 to freeze after step 20")
+    assert _complete_steps(run) == [10, 20], _output(proc)[-3000:]
+    os.kill(rank1, signal.SIGKILL)
+    code, out = _finish(proc, timeout=300)
+    assert code == 0, out[-3000:]
+    launch_lines = [line for line in out.splitlines() if line.startswith("[launch]")]
+    assert not [line for line in launch_lines if "restart" in line], launch_lines
+    assert "[launch] worker rank 1 killed by SIGKILL: elastic, the other ranks go on" in out, out[-3000:]
+    # the survivor rolled back to the commit rank 1 had made too, and went on as a ring of one
+    assert "elastic: the ring re-formed; 1 worker(s) go on from the commit of step 20 (rank 0 of 1" in out, out[-3000:]
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["last_step"] == STEPS and summary["restarts"] == [], summary.get("restarts")
+    assert summary["ranks"] == 1  # the job finished on the survivor: the lost worker was not replaced
+    ranks = {f.name: json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))}
+    assert list(ranks) == ["rank0.json"], list(ranks)  # rank 1 never finished
+    assert [r["last_step"] for r in ranks.values()] == [STEPS]
+    assert len({r["dense_digest"] for r in ranks.values()}) == 1  # the replicas that finished agree
+    assert _complete_steps(run)[-1] == STEPS
+    _assert_all_complete(run)
