@@ -9,19 +9,15 @@ the commit of step 20 and trains on alone to the last step: no "[launch] restart
 from __future__ import annotations
 
 import json
-import os
-import signal
 
+import pytest
 from fault_helpers import (
     REFERENCE_STEPS,
     _assert_all_complete,
     _complete_steps,
-    _finish,
+    _kill_frozen_rank,
     _launch_argv,
     _output,
-    _rank_pids,
-    _spawn,
-    _wait_frozen,
 )
 
 STEPS = REFERENCE_STEPS
@@ -29,11 +25,12 @@ STEPS = REFERENCE_STEPS
 
 def test_a_killed_worker_leaves_the_survivor_to_finish_without_a_restart(tiny_data, tmp_path, no_orphans):
     run = tmp_path / "run"
-    proc = _spawn([*_launch_argv(tiny_data, run, steps=STEPS), "--elastic"], pause_at="20:1")
-    rank1 = _wait_frozen(lambda: _rank_pids(no_orphans, 1), proc, what="rank 1 to freeze after step 20")
-    assert _complete_steps(run) == [10, 20], _output(proc)[-3000:]
-    os.kill(rank1, signal.SIGKILL)
-    code, out = _finish(proc, timeout=300)
+
+    def checkpointed_20(proc):
+        assert _complete_steps(run) == [10, 20], _output(proc)[-3000:]
+
+    code, out = _kill_frozen_rank([*_launch_argv(tiny_data, run, steps=STEPS), "--elastic"], no_orphans,
+                                  timeout=300, while_frozen=checkpointed_20)
     assert code == 0, out[-3000:]
     launch_lines = [line for line in out.splitlines() if line.startswith("[launch]")]
     assert not [line for line in launch_lines if "restart" in line], launch_lines
@@ -49,3 +46,25 @@ def test_a_killed_worker_leaves_the_survivor_to_finish_without_a_restart(tiny_da
     assert len({r["dense_digest"] for r in ranks.values()}) == 1  # the replicas that finished agree
     assert _complete_steps(run)[-1] == STEPS
     _assert_all_complete(run)
+
+
+def test_three_workers_lose_the_middle_one_and_the_two_survivors_stay_identical(tiny_data_3, tmp_path, no_orphans):
+    from launch.elastic_hosts import this_machine_names
+
+    if len(this_machine_names()) < 3:
+        pytest.skip(f"three workers need three local host names; this machine has {this_machine_names()}")
+    run = tmp_path / "run"
+    argv = [*_launch_argv(tiny_data_3, run, steps=STEPS), "--elastic"]
+    argv[argv.index("--workers") + 1] = "3"
+    code, out = _kill_frozen_rank(argv, no_orphans, timeout=300)
+    assert code == 0, out[-3000:]
+    assert "2 worker(s) go on from the commit of step 20" in out, out[-3000:]
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["last_step"] == STEPS and summary["restarts"] == [] and summary["ranks"] == 2
+    # the survivors, ranks 0 and 2, re-formed as ranks 0 and 1 of 2
+    ranks = {f.name: json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank*.json"))}
+    assert list(ranks) == ["rank0.json", "rank1.json"], list(ranks)
+    assert [r["last_step"] for r in ranks.values()] == [STEPS, STEPS]
+    assert ranks["rank0.json"]["dense_digest"] == ranks["rank1.json"]["dense_digest"]
+    _assert_all_complete(run)
+
