@@ -143,3 +143,12 @@ def test_run_elastic_resets_on_a_lost_peer_and_ends_on_anything_else():
     with pytest.raises(ValueError, match="a bug"):
         run_elastic(state, broken, lambda e: False, lambda: resets.append(2))
     assert resets == [1]
+
+
+def test_an_elastic_config_needs_ranks_an_elastic_horovodrun_started():
+    from gmeta_tf.train.elastic import require_elastic_ring
+
+    with pytest.raises(ConfigError, match=r"config key 'cluster.elastic': needs workers started by an elastic "
+                                          r"horovodrun .*HOROVOD_ELASTIC is not 1"):
+        require_elastic_ring({"HOROVOD_RANK": "0"})
+    require_elastic_ring({"HOROVOD_ELASTIC": "1"})

@@ -21,12 +21,26 @@ rank reads shard ``rank`` of ``size`` of the training files from the committed s
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+from typing import Callable, List, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
+
+from gmeta_tf.config.schema import ConfigError
+
+ELASTIC_ENV = "HOROVOD_ELASTIC"  # "1" on every rank an elastic horovodrun starts (horovod/runner/gloo_run.py)
+
+
+def require_elastic_ring(env: Mapping[str, str]) -> None:
+    """``cluster.elastic`` needs ranks started by Horovod's elastic driver: without it there is no
+    ring to re-form, and a lost worker would leave the survivors waiting for a rendezvous that
+    never comes. Checked before anything is built."""
+    if env.get(ELASTIC_ENV) != "1":
+        raise ConfigError("config key 'cluster.elastic': needs workers started by an elastic horovodrun "
+                          "(gmeta launch local --elastic, or horovodrun --min-np/--max-np with "
+                          f"--host-discovery-script); this process was not ({ELASTIC_ENV} is not 1)")
 
 
 class DenseCommit(ObjectState):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,10 @@ def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
     """The prepared data's schema and the metric validation reports (checked before anything is
     built: a metric validation can't report fails here)."""
     absolute_data_path(cfg)
+    if cfg.cluster.elastic:
+        from gmeta_tf.train.elastic import require_elastic_ring
+
+        require_elastic_ring(os.environ)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
     return schema, resolve_metric(cfg, schema["label"]["kind"])
