@@ -41,8 +41,10 @@ def _bf16(x) -> np.ndarray:
 
 # -- the key and the casts ----------------------------------------------------------------------
 def test_wire_dtype_is_a_checked_config_key():
-    assert load_config(None).cluster.wire_dtype == "float32"
-    assert load_config(None, ["cluster.wire_dtype=bfloat16"]).cluster.wire_dtype == "bfloat16"
+    # bfloat16 by default since issue 41 (validation users could not tell it from float32)
+    assert load_config(None).cluster.wire_dtype == "bfloat16"
+    assert load_config("configs/quickstart.yaml").cluster.wire_dtype == "bfloat16"
+    assert load_config(None, ["cluster.wire_dtype=float32"]).cluster.wire_dtype == "float32"
     with pytest.raises(ConfigError, match="cluster.wire_dtype"):
         load_config(None, ["cluster.wire_dtype=float16"])
     with pytest.raises(WireDtypeError):
