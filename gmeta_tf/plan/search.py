@@ -172,12 +172,12 @@ class _Ranker:
     """The additive surrogate of many moves from one state, without building ``_delta``'s dicts.
 
     Why: ranking is the search's hot loop (millions of moves per suite), and ``_delta`` builds
-    lists, sets and tuples per move. Here each table's current shards ``(PS, solo cost, bytes)``
-    and each candidate layout's ``(solo cost, bytes)`` are looked up once per state, and a move
-    only folds those into its PS. The arithmetic is ``_surrogate_slow``'s, in its order: per PS
-    a sequential sum of the added shards' solo costs and one of the removed ones' (move order,
-    then shard order), ``cost + (added - removed)``, then ``max`` and ``sum`` over all PS. So
-    the ranking, ties included, is unchanged. Built per state: a commit invalidates it.
+    lists, sets and tuples per move. Here a move is the ``_Changes`` rows of its changes and of
+    its tables' current placements, and numpy folds them into the PS (``rank``). The arithmetic
+    is ``_surrogate_slow``'s, in its order: per PS a sequential sum of the added shards' solo
+    costs and one of the removed ones' (move order, then shard order), ``cost + (added -
+    removed)``, then ``max`` and ``sum`` over all PS. So the ranking, ties included, is
+    unchanged. Built per state: a commit invalidates it.
 
     A move that names a layout the registry has not interned yet, or a shard with no solo cost
     yet, goes to ``_surrogate_slow``, which interns and costs it as the search always did (the
@@ -202,13 +202,29 @@ class _Ranker:
         from 0.0, which is ``_surrogate_slow``'s sequence of additions, so every float is the
         same. A move that needs the fallback is scored there, at its place in the sequence.
         """
-        slots: List[Tuple[list, list, list]] = []  # per change position: (move, added row, removed row)
+        slots: List[Tuple[list, list, list]] = [([], [], []), ([], [], [])]  # per change: (move, added row, removed row)
+        (at0, add0, rem0), (at1, add1, rem1) = slots
         slow = {}
         index, now = self.sp.changes.index, self._now
-        for idx, mv in enumerate(moves):
-            rows = [(index.get(ch), now.get(ch[0])) for ch in mv]  # known rows, else look them up
-            if any(add is None or rem is None for add, rem in rows):
-                rows = self._rows(mv)
+        for idx, mv in enumerate(moves):  # the two shapes _moves_from makes, where their rows are known
+            if len(mv) == 1:
+                a, r = index.get(mv[0]), now.get(mv[0][0])
+                if a is not None and r is not None:
+                    at0.append(idx)
+                    add0.append(a)
+                    rem0.append(r)
+                    continue
+            elif len(mv) == 2:
+                a, r, a1, r1 = index.get(mv[0]), now.get(mv[0][0]), index.get(mv[1]), now.get(mv[1][0])
+                if a is not None and r is not None and a1 is not None and r1 is not None:
+                    at0.append(idx)
+                    add0.append(a)
+                    rem0.append(r)
+                    at1.append(idx)
+                    add1.append(a1)
+                    rem1.append(r1)
+                    continue
+            rows = self._rows(mv)
             if rows is None:
                 slow[idx] = _surrogate_slow(self.st, self.sp, mv)
                 continue
@@ -290,6 +306,8 @@ class _Changes:
         added, removed = np.zeros((n, self.ps)), np.zeros((n, self.ps))
         dmem, touched = np.zeros((n, self.ps), dtype=np.int64), np.zeros((n, self.ps), dtype=bool)
         for at, add, rem in slots:
+            if not at:
+                continue
             at, add, rem = np.asarray(at), np.asarray(add), np.asarray(rem)
             added[at] += self.cost[add]
             removed[at] += self.cost[rem]
