@@ -61,6 +61,9 @@ RUN_STEPS = STEPS + 2 * LOG_EVERY
 POLL_S = 0.2  # how often worker 0's status record is read
 HOT_BUDGET = "2MiB"  # bench/hot_split.py's BUDGET
 BF16 = "cluster.wire_dtype=bfloat16"
+# The paths without BF16 are float32 on the wire, as every path was before bfloat16 became the
+# default (issue 41): ``default`` stays the baseline the issue's targets compare with.
+F32 = "cluster.wire_dtype=float32"
 HOT = f"hot.budget={HOT_BUDGET}"
 STALE = "model.hot_sync_every=4"
 AUTO = "model.hot_split=auto"
@@ -70,17 +73,17 @@ AUTO = "model.hot_split=auto"
 # told the point's rate (``cluster.link_rate``, ``_point_sets``); unshaped, bytes are free and
 # auto turns the split off, which makes it the bf16 path with k=4 meaningless.
 PATHS: Dict[str, List[str]] = {
-    "default": ["hot.budget=0"],  # fused tables, one request per PS, no hot tier
+    "default": ["hot.budget=0", F32],  # fused tables, one request per PS, no hot tier, float32 wire
     "bf16": ["hot.budget=0", BF16],  # bfloat16 on the wire
-    "hot_split": [HOT],  # the hot tier, synced every step
-    "hot_stale": [HOT, STALE],  # the hot tier, synced every 4th step
+    "hot_split": [HOT, F32],  # the hot tier, synced every step
+    "hot_stale": [HOT, STALE, F32],  # the hot tier, synced every 4th step
     "lean": [HOT, STALE, BF16],
     "auto": [HOT, STALE, BF16, AUTO],
 }
 # GMETA_BENCH_NETWORK=full adds these (the sweep before issue 41).
 FULL_PATHS: Dict[str, List[str]] = {
     "per_table": ["hot.budget=0", "model.ps_requests=per_table", "model.fuse_tables=false"],  # TFRA's own
-    "unfused": ["hot.budget=0", "model.fuse_tables=false"],  # one request per PS, one table each
+    "unfused": ["hot.budget=0", "model.fuse_tables=false", F32],  # one request per PS, one table each
 }
 UNSHAPED = "bridge"
 POINTS = (UNSHAPED, "rate=100mbit", "rate=5mbit")

@@ -44,7 +44,6 @@ def test_horovodrun_args_make_an_elastic_ring_that_may_shrink_to_one():
 
 @pytest.mark.parametrize("sets, names", [
     (["hot.budget=1000"], ["hot.budget", "model.hot_split"]),
-    (["cluster.wire_dtype=bfloat16"], ["cluster.wire_dtype"]),
     (["train.scale_lr=true"], ["train.scale_lr"]),
 ])
 def test_elastic_config_refuses_what_a_rollback_cannot_carry(sets, names):

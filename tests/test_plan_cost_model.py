@@ -124,3 +124,33 @@ def test_a_failing_microbenchmark_is_one_error_and_leaves_no_process(monkeypatch
     with pytest.raises(CalibrationError, match="timed out after 1 s"):
         _run_chunk([config], warmup=1, steps=1, timeout_s=1.0, log=lambda m: None)
     assert processes_with_env(LAUNCH_ID_ENV, "calib-test-fail") == []
+
+
+def _numpy_features(terms):
+    """``set_features`` as numpy computes it (what the plain-Python and batched versions must equal)."""
+    t = np.asarray(terms, dtype=np.float64)
+    n, u, d, r = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
+    return {"count": float(len(t)), "groups": float(len(np.unique(d))), "sum_n": float(n.sum()),
+            "sum_u": float(u.sum()), "sum_ud_logr": float((u * d * np.log2(np.maximum(r, 2.0))).sum()),
+            "sum_ud": float((u * d).sum()), "sum_nd": float((n * d).sum()), "sum_d": float(d.sum()),
+            "max_ud": float((u * d).max()), "max_n": float(n.max())}
+
+
+def test_shard_set_features_equal_numpys_to_the_last_bit():
+    """The search's fast features (plain Python, and batched by set size) must be numpy's
+    floats exactly: a last-bit difference can reorder moves and change a plan."""
+    from gmeta_tf.plan.cost_model import TREE_FEATURES, ShardColumns, pairwise_sum, set_features, shard_terms
+
+    rng = np.random.default_rng(4)
+    tables = synthetic_tables(40, seed=9)
+    pool = [shard_terms(t.stats.rows // k, t.stats.dim, t.stats.pooling / k, t.stats.skew, 512)
+            for t in tables for k in (1, 3)]
+    cols = ShardColumns()
+    for i, terms in enumerate(pool):
+        cols.put(i, terms)
+    sets = [list(rng.integers(len(pool), size=k)) for k in (0, 1, 2, 7, 8, 9, 16, 23, 64, 129, 150) for _ in range(3)]
+    want = [[_numpy_features([pool[i] for i in s])[f] if s else 0.0 for f in TREE_FEATURES] for s in sets]
+    assert cols.matrix(sets, TREE_FEATURES).tolist() == want
+    assert [[set_features([pool[i] for i in s])[f] for f in TREE_FEATURES] for s in sets if s] == [w for w, s in zip(want, sets) if s]
+    x = rng.uniform(0, 1e6, 300) * 10.0 ** rng.integers(-6, 6, 300)
+    assert all(pairwise_sum(list(x[:k])) == float(x[:k].sum()) for k in range(301))

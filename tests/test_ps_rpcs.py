@@ -76,7 +76,9 @@ def test_rpcs_per_step_on_real_ps_follow_the_tables(prepared_2500, tmp_path):
     write_placement(str(one_ps), {n: [0] for n in ["item_id", "item_tags", "user_city", "hour", "item_category",
                                                    "user_segment", "device"]}, header="test")
     wide = widen(str(prepared_2500), 2, str(tmp_path / "x2"))  # every feature twice: 14 tables
-    fused = ["data.tasks_per_batch=8"]  # the default: fused tables (auto), one request per PS (auto)
+    # the default: fused tables (auto), one request per PS (auto); float32 on the wire, so that each
+    # way to the PS can be compared to 1e-5 (TFRA's per-table path is float32 whatever the default)
+    fused = ["data.tasks_per_batch=8", "cluster.wire_dtype=float32"]
     sets = [*fused, "model.fuse_tables=false"]  # one TFRA table per feature
     per_table = [*sets, "model.ps_requests=per_table"]  # TFRA's lookups and applies, table by table
     adagrad = "train.embedding_optimizer=adagrad"

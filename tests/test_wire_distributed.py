@@ -93,7 +93,8 @@ def test_real_collectives_carry_the_wire_and_every_rank_gets_the_same(tmp_path):
 def test_ps_request_rows_and_gradients_cross_as_bfloat16(prepared_2500):
     from bench.ps_rpcs import measure
 
-    runs = measure(str(prepared_2500), 1, {"float32": TINY, "bfloat16": [*TINY, "cluster.wire_dtype=bfloat16"]},
+    runs = measure(str(prepared_2500), 1, {"float32": [*TINY, "cluster.wire_dtype=float32"],
+                                          "bfloat16": [*TINY, "cluster.wire_dtype=bfloat16"]},
                    timeout_s=400)
     f32, b16 = runs["float32"]["ps_transfer_dtypes"], runs["bfloat16"]["ps_transfer_dtypes"]
     # one request: ids (int64) and sizes (int32) out, rows back; gradients and step counters out

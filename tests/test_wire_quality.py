@@ -96,9 +96,15 @@ def test_pick_names_datasets_or_refuses():
 
 def test_every_run_has_its_settings():
     from bench.wire_quality import FLOORS, OPTIONS, run_sets
+    from gmeta_tf.config.loader import load_config
 
-    assert run_sets("exact") == [] and run_sets("exact_repeat") == []  # empty, not missing
-    assert run_sets("lean") == ["cluster.wire_dtype=bfloat16", "model.hot_sync_every=4"]
+    # exact is float32 on the wire whatever the default is (bfloat16 since issue 41)
+    assert run_sets("exact") == run_sets("exact_repeat") == ["cluster.wire_dtype=float32"]
+    assert load_config(None, run_sets("exact")).cluster.wire_dtype == "float32"
+    hot = ["hot.budget=2MiB"]  # the datasets' own settings hold a hot tier
+    lean, stale = load_config(None, [*hot, *run_sets("lean")]), load_config(None, [*hot, *run_sets("stale")])
+    assert (lean.cluster.wire_dtype, lean.model.hot_sync_every) == ("bfloat16", 4)
+    assert (stale.cluster.wire_dtype, stale.model.hot_sync_every) == ("float32", 4)
     assert "model.seed=1" in run_sets("exact_seed1")
     assert set(OPTIONS) | set(FLOORS) == {"exact", "bf16", "stale", "lean", "exact_repeat", "exact_seed1"}
 

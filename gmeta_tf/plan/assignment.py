@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
+from gmeta_tf.plan.cost_model import CostModel, ShardColumns, shard_terms
 from gmeta_tf.plan.placement_file import ColumnSplit, TablePlacement
 from gmeta_tf.plan.shard_layouts import WHOLE, ShardLayout, shards_of
 from gmeta_tf.plan.spec import Shard, TableStats
@@ -33,6 +34,7 @@ class Registry:
         self.slots = slots
         self.shard: List[Shard] = []
         self.nbytes: List[int] = []
+        self.order: List[Tuple[str, str, int]] = []  # (table, kind, index): a PS's shards in cost-model order
         self._ids: Dict[Tuple[str, ShardLayout], Tuple[int, ...]] = {}
 
     def ids(self, name: str, lay: ShardLayout) -> Tuple[int, ...]:
@@ -44,6 +46,7 @@ class Registry:
                 got.append(len(self.shard))
                 self.shard.append(s)
                 self.nbytes.append(s.bytes(self.slots))
+                self.order.append((s.table, s.kind, s.index))
             got = self._ids[k] = tuple(got)
         return got
 
@@ -65,17 +68,38 @@ class Evaluator:
         self.samples = int(samples_per_step)
         self.cache: Dict[FrozenSet[int], float] = {frozenset(): 0.0}
         self.calls = 0
+        self._columns_reg: Optional[Registry] = None
+        self._columns_of = ShardColumns()
 
     def costs(self, reg: Registry, sets: Sequence[FrozenSet[int]]) -> List[float]:
         missing = list(dict.fromkeys(s for s in sets if s not in self.cache))
         if missing:
             self.calls += len(missing)
-            batch = getattr(self.model, "ps_costs", None)
-            lists = [sorted((reg.shard[i] for i in s), key=lambda x: (x.table, x.kind, x.index)) for s in missing]
-            vals = batch(lists, self.samples) if batch else [self.model.ps_cost(x, self.samples) for x in lists]
-            for s, v in zip(missing, vals):
+            ordered = [sorted(s, key=reg.order.__getitem__) for s in missing]
+            for s, v in zip(missing, self._score(reg, ordered)):
                 self.cache[s] = float(v)
         return [self.cache[s] for s in sets]
+
+    def _score(self, reg: Registry, ordered: List[List[int]]) -> List[float]:
+        """Cost of each list of shard ids (in cost-model order), in one batch where the model allows."""
+        if type(self.model) is CostModel:  # its batch, from each shard's terms computed once
+            return self.model.predict_columns(self._columns(reg, ordered), ordered).tolist()
+        lists = [[reg.shard[i] for i in ids] for ids in ordered]
+        batch = getattr(self.model, "ps_costs", None)
+        return batch(lists, self.samples) if batch else [self.model.ps_cost(x, self.samples) for x in lists]
+
+    def _columns(self, reg: Registry, ordered: List[List[int]]) -> ShardColumns:
+        """The shards' ``shard_terms``, each looked up once: hashing a shard's skew tuple on every
+        set the search scores cost more than the cost model's own arithmetic."""
+        if reg is not self._columns_reg:
+            self._columns_reg, self._columns_of = reg, ShardColumns()
+        cols = self._columns_of
+        for ids in ordered:
+            for i in ids:
+                if i not in cols.known:
+                    s = reg.shard[i]
+                    cols.put(i, shard_terms(s.rows, s.dim, s.pooling, s.skew, self.samples))
+        return cols
 
 
 @dataclass

@@ -77,16 +77,114 @@ def shard_record(s: Shard) -> list:
     return [int(s.rows), int(s.dim), float(s.pooling), [round(float(x), 6) for x in s.skew]]
 
 
+def pairwise_sum(v: Sequence[float]) -> float:
+    """``float(np.asarray(v, dtype=np.float64).sum())`` to the last bit, without numpy.
+
+    Why: the search reduces tens of thousands of small shard sets, and numpy's per-call
+    overhead is most of their cost. numpy sums float64 pairwise (8 accumulators per block of at
+    most 128, halves above), so a plain ``sum`` would round differently and change plans.
+    """
+    n = len(v)
+    if n < 8:
+        res = 0.0
+        for x in v:
+            res += x
+        return res
+    if n > 128:
+        half = n // 2
+        half -= half % 8
+        return pairwise_sum(v[:half]) + pairwise_sum(v[half:])
+    r0, r1, r2, r3, r4, r5, r6, r7 = v[:8]
+    end = n - n % 8
+    for i in range(8, end, 8):
+        r0 += v[i]
+        r1 += v[i + 1]
+        r2 += v[i + 2]
+        r3 += v[i + 3]
+        r4 += v[i + 4]
+        r5 += v[i + 5]
+        r6 += v[i + 6]
+        r7 += v[i + 7]
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for x in v[end:]:
+        res += x
+    return res
+
+
+@functools.lru_cache(maxsize=65536)
+def _log2_rows(rows: float) -> float:
+    """``log2(max(rows, 2))`` as numpy's vector loop computes it (which differs from
+    ``math.log2`` in the last bit for some values; numpy's result does not depend on where in
+    an array the value sits)."""
+    return float(np.log2(np.maximum(np.array([rows], dtype=np.float64), 2.0))[0])
+
+
 def set_features(terms: Sequence[Sequence[float]]) -> Dict[str, float]:
-    """Reductions over a PS's shards of their (lookups, distinct, dim, rows) terms."""
+    """Reductions over a PS's shards of their (lookups, distinct, dim, rows) terms.
+
+    Computed in plain Python with numpy's arithmetic (``pairwise_sum``, ``_log2_rows``): the
+    same floats a numpy version gives, at a fraction of its cost on a set of a few shards."""
     if not terms:
         return {k: 0.0 for k in TREE_FEATURES}
-    t = np.asarray(terms, dtype=np.float64)
-    n, u, d, r = t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-    return {"count": float(len(t)), "groups": float(len(np.unique(d))), "sum_n": float(n.sum()), "sum_u": float(u.sum()),
-            "sum_ud_logr": float((u * d * np.log2(np.maximum(r, 2.0))).sum()),
-            "sum_ud": float((u * d).sum()), "sum_nd": float((n * d).sum()), "sum_d": float(d.sum()),
-            "max_ud": float((u * d).max()), "max_n": float(n.max())}
+    n = [float(t[0]) for t in terms]
+    u = [float(t[1]) for t in terms]
+    d = [float(t[2]) for t in terms]
+    ud = [a * b for a, b in zip(u, d)]
+    return {"count": float(len(terms)), "groups": float(len(set(d))), "sum_n": pairwise_sum(n),
+            "sum_u": pairwise_sum(u),
+            "sum_ud_logr": pairwise_sum([x * _log2_rows(float(t[3])) for x, t in zip(ud, terms)]),
+            "sum_ud": pairwise_sum(ud), "sum_nd": pairwise_sum([a * b for a, b in zip(n, d)]),
+            "sum_d": pairwise_sum(d), "max_ud": max(ud), "max_n": max(n)}
+
+
+class ShardColumns:
+    """Per-shard columns of ``set_features`` (n, u, d, u*d, n*d, u*d*log2 rows), one row per shard
+    id, and the feature matrix of many shard sets at once.
+
+    Why: the search scores tens of thousands of sets per plan, and reducing each in its own call
+    cost more than the model. Sets of one size are reduced together along rows of a C-ordered
+    array, which numpy sums exactly as it sums one set (pairwise, per row), so the features,
+    and every plan, are the same.
+    """
+
+    N_COLS = 6
+
+    def __init__(self):
+        self.cols = np.zeros((256, self.N_COLS))
+        self.known: set = set()  # ids whose row is filled
+
+    def put(self, i: int, terms: Sequence[float]) -> None:
+        """Row ``i`` from a shard's ``shard_terms`` (lookups, distinct, dim, rows)."""
+        while i >= len(self.cols):
+            self.cols = np.concatenate([self.cols, np.zeros_like(self.cols)])
+        n, u, d, r = (float(x) for x in terms)
+        ud = u * d
+        self.cols[i] = (n, u, d, ud, n * d, ud * _log2_rows(r))
+        self.known.add(i)
+
+    def matrix(self, sets: Sequence[Sequence[int]], names: Sequence[str]) -> np.ndarray:
+        """``_terms_matrix`` of the sets of shard ids ``sets`` (each in cost-model order)."""
+        out = np.zeros((len(sets), len(names)))
+        by_size: Dict[int, List[int]] = {}
+        for pos, ids in enumerate(sets):
+            if ids:
+                by_size.setdefault(len(ids), []).append(pos)
+        col = {k: j for j, k in enumerate(names)}
+        for pos in by_size.values():
+            feats = self._reduce(self.cols[np.array([sets[q] for q in pos])])
+            for k, j in col.items():
+                out[pos, j] = feats[k]
+        return out
+
+    @staticmethod
+    def _reduce(g: np.ndarray) -> Dict[str, np.ndarray]:
+        """``set_features`` of each set of ``g`` (sets x shards x columns)."""
+        n, u, d, ud, nd, udl = (np.ascontiguousarray(g[:, :, c]) for c in range(ShardColumns.N_COLS))
+        ds = np.sort(d, axis=1)
+        return {"count": np.full(len(g), float(g.shape[1])),
+                "groups": 1.0 + (np.diff(ds, axis=1) != 0).sum(axis=1), "sum_n": n.sum(axis=1),
+                "sum_u": u.sum(axis=1), "sum_ud_logr": udl.sum(axis=1), "sum_ud": ud.sum(axis=1),
+                "sum_nd": nd.sum(axis=1), "sum_d": d.sum(axis=1), "max_ud": ud.max(axis=1), "max_n": n.max(axis=1)}
 
 
 def _terms_matrix(terms_list: Sequence[Sequence[Sequence[float]]], names: Sequence[str]) -> np.ndarray:
@@ -201,6 +299,13 @@ class CostModel:
         sps = int(samples_per_step)
         return self.predict_terms([[shard_terms(s.rows, s.dim, s.pooling, s.skew, sps) for s in shards]
                                    for shards in shard_lists]).tolist()
+
+    def predict_columns(self, columns: ShardColumns, sets: Sequence[Sequence[int]]) -> np.ndarray:
+        """``predict_terms`` of sets of shard ids whose terms ``columns`` holds."""
+        if not sets:
+            return np.zeros(0)
+        out = self._reg.predict(columns.matrix(sets, self._reg.features))
+        return np.where([len(s) == 0 for s in sets], 0.0, out)
 
     def predict_terms(self, terms_list: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
         if not terms_list:

@@ -43,6 +43,7 @@ class _Space:
         ids = sorted({i for n, lays in layouts.items() for lay in lays for i in self.reg.ids(n, lay)}
                      | {i for s in st.sets for i in s})
         self.solo = dict(zip(ids, ev.costs(self.reg, [frozenset([i]) for i in ids])))
+        self.changes = _Changes(self.ps)
 
     def solo_cost(self, i: int) -> float:
         c = self.solo.get(i)
@@ -171,12 +172,12 @@ class _Ranker:
     """The additive surrogate of many moves from one state, without building ``_delta``'s dicts.
 
     Why: ranking is the search's hot loop (millions of moves per suite), and ``_delta`` builds
-    lists, sets and tuples per move. Here each table's current shards ``(PS, solo cost, bytes)``
-    and each candidate layout's ``(solo cost, bytes)`` are looked up once per state, and a move
-    only folds those into its PS. The arithmetic is ``_surrogate_slow``'s, in its order: per PS
-    a sequential sum of the added shards' solo costs and one of the removed ones' (move order,
-    then shard order), ``cost + (added - removed)``, then ``max`` and ``sum`` over all PS. So
-    the ranking, ties included, is unchanged. Built per state: a commit invalidates it.
+    lists, sets and tuples per move. Here a move is the ``_Changes`` rows of its changes and of
+    its tables' current placements, and numpy folds them into the PS (``rank``). The arithmetic
+    is ``_surrogate_slow``'s, in its order: per PS a sequential sum of the added shards' solo
+    costs and one of the removed ones' (move order, then shard order), ``cost + (added -
+    removed)``, then ``max`` and ``sum`` over all PS. So the ranking, ties included, is
+    unchanged. Built per state: a commit invalidates it.
 
     A move that names a layout the registry has not interned yet, or a shard with no solo cost
     yet, goes to ``_surrogate_slow``, which interns and costs it as the search always did (the
@@ -185,69 +186,140 @@ class _Ranker:
 
     def __init__(self, st: State, sp: _Space):
         self.st, self.sp = st, sp
-        self._cur: dict = {}  # table -> (its shards now as ((PS, solo, bytes), ...), their (solo, bytes))
-        self._new: dict = {}  # (table, kind, parts) -> ((solo, bytes), ...), or None
-
-    def _lookup(self, ids) -> Optional[tuple]:
-        solo, nb = self.sp.solo, self.sp.reg.nbytes
-        out = []
-        for i in ids:
-            c = solo.get(i)
-            if c is None:
-                return None
-            out.append((c, nb[i]))
-        return tuple(out)
-
-    def _current(self, name: str) -> Optional[tuple]:
-        got = self._cur.get(name)
-        if got is None:
-            st = self.st
-            ids = self.sp.reg.interned(name, st.layout[name])
-            terms = None if ids is None else self._lookup(ids)
-            if terms is None:  # not cached: the fallback may cost the missing shards later
-                return None
-            got = self._cur[name] = (tuple((p, c, b) for p, (c, b) in zip(st.where[name], terms)), terms)
-        return got
-
-    def _layout(self, name: str, lay: ShardLayout) -> Optional[tuple]:
-        k = (name, lay.kind, lay.parts)
-        got = self._new.get(k)
-        if got is None:
-            ids = self.sp.reg.interned(name, lay)
-            got = None if ids is None else self._lookup(ids)
-            if got is not None:
-                self._new[k] = got
-        return got
+        self._now: dict = {}  # table -> the ``_Changes`` row of where it is now
 
     def approx(self, mv: Move) -> Optional[Tuple[float, float]]:
         """``_surrogate_slow(st, sp, mv)``, bit for bit."""
-        st = self.st
-        layout = st.layout
-        acc: dict = {}  # PS -> [sum of added solo costs, sum of removed ones, memory change]
-        for name, lay, where in mv:
-            cur = self._current(name)
-            new = None if cur is None else (cur[1] if lay is layout[name] else self._layout(name, lay))
-            if new is None:
-                return _surrogate_slow(st, self.sp, mv)
-            for p, c, b in cur[0]:
-                e = acc.get(p)
-                if e is None:
-                    e = acc[p] = [0, 0, 0]
-                e[1] += c
-                e[2] -= b
-            for (c, b), p in zip(new, where):
-                e = acc.get(p)
-                if e is None:
-                    e = acc[p] = [0, 0, 0]
-                e[0] += c
-                e[2] += b
-        mem, limit = st.mem, self.sp.mem_per_ps
-        approx = list(st.costs)
-        for p, (a, r, dm) in acc.items():
-            if mem[p] + dm > limit:
+        return self.rank([mv])[0]
+
+    def rank(self, moves: Sequence[Move]) -> List[Optional[Tuple[float, float]]]:
+        """``approx`` of every move, in one numpy pass over a (move x PS) table.
+
+        Why: ranking is the search's hot loop, and folding each move's shards into per-PS
+        accumulators in Python cost more than the rest of the search. A change's shards spread
+        over the PS are a row of ``_Changes``, built once per search; a move is the rows of its
+        changes (added) and of its tables' current placements (removed), summed slot by slot
+        from 0.0, which is ``_surrogate_slow``'s sequence of additions, so every float is the
+        same. A move that needs the fallback is scored there, at its place in the sequence.
+        """
+        slots: List[Tuple[list, list, list]] = [([], [], []), ([], [], [])]  # per change: (move, added row, removed row)
+        (at0, add0, rem0), (at1, add1, rem1) = slots
+        slow = {}
+        index, now = self.sp.changes.index, self._now
+        for idx, mv in enumerate(moves):  # the two shapes _moves_from makes, where their rows are known
+            if len(mv) == 1:
+                a, r = index.get(mv[0]), now.get(mv[0][0])
+                if a is not None and r is not None:
+                    at0.append(idx)
+                    add0.append(a)
+                    rem0.append(r)
+                    continue
+            elif len(mv) == 2:
+                a, r, a1, r1 = index.get(mv[0]), now.get(mv[0][0]), index.get(mv[1]), now.get(mv[1][0])
+                if a is not None and r is not None and a1 is not None and r1 is not None:
+                    at0.append(idx)
+                    add0.append(a)
+                    rem0.append(r)
+                    at1.append(idx)
+                    add1.append(a1)
+                    rem1.append(r1)
+                    continue
+            rows = self._rows(mv)
+            if rows is None:
+                slow[idx] = _surrogate_slow(self.st, self.sp, mv)
+                continue
+            while len(slots) < len(rows):
+                slots.append(([], [], []))
+            for (add, rem), (at, added, removed) in zip(rows, slots):
+                at.append(idx)
+                added.append(add)
+                removed.append(rem)
+        keys = self.sp.changes.keys(len(moves), slots, self.st, self.sp.mem_per_ps)
+        for idx, key in slow.items():
+            keys[idx] = key
+        return keys
+
+    def _rows(self, mv: Move) -> Optional[List[Tuple[int, int]]]:
+        """Per change, its ``_Changes`` row and its table's current one; ``None`` if some shard is
+        not interned or costed yet (the caller falls back)."""
+        changes, st = self.sp.changes, self.st
+        out = []
+        for ch in mv:
+            name = ch[0]
+            rem = self._now.get(name)
+            if rem is None:
+                rem = changes.row(self.sp, (name, st.layout[name], tuple(st.where[name])))
+                if rem is None:
+                    return None
+                self._now[name] = rem
+            add = changes.row(self.sp, ch)
+            if add is None:
                 return None
-            approx[p] += a - r
-        return max(approx), sum(approx)
+            out.append((add, rem))
+        return out
+
+
+class _Changes:
+    """Each change ``(table, layout, PS of each shard)`` the search has ranked, as a row over the
+    PS: its shards' solo costs, bytes, and which PS it touches (``_Ranker.rank``).
+
+    A row depends only on the change (solo costs and bytes of a shard never change), so it is
+    built the first time a move names it and reused by every later state of the search.
+    """
+
+    def __init__(self, ps: int):
+        self.ps = ps
+        self.index: dict = {}
+        self.cost = np.zeros((64, ps))
+        self.nbytes = np.zeros((64, ps), dtype=np.int64)
+        self.on = np.zeros((64, ps), dtype=bool)
+
+    def row(self, sp: "_Space", ch: Change) -> Optional[int]:
+        """The row of ``ch``; ``None`` while its shards are not interned and costed."""
+        got = self.index.get(ch)
+        if got is None:
+            name, lay, where = ch
+            ids = sp.reg.interned(name, lay)
+            if ids is None:
+                return None
+            solo = [sp.solo.get(i) for i in ids]
+            if any(c is None for c in solo):
+                return None
+            got = self.index[ch] = len(self.index)
+            if got == len(self.cost):
+                self._grow()
+            for i, c, p in zip(ids, solo, where):
+                self.cost[got, p] = c
+                self.nbytes[got, p] = sp.reg.nbytes[i]
+                self.on[got, p] = True
+        return got
+
+    def _grow(self) -> None:
+        self.cost = np.concatenate([self.cost, np.zeros_like(self.cost)])
+        self.nbytes = np.concatenate([self.nbytes, np.zeros_like(self.nbytes)])
+        self.on = np.concatenate([self.on, np.zeros_like(self.on)])
+
+    def keys(self, n: int, slots, st: State, limit: int) -> List[Optional[Tuple[float, float]]]:
+        """``(max, sum)`` of each move's PS costs after it, ``None`` where a PS it touches runs
+        out of memory: ``cost + (added - removed)``, each of those summed change by change
+        from 0.0; the sum over PS column by column, as Python's ``sum`` adds."""
+        added, removed = np.zeros((n, self.ps)), np.zeros((n, self.ps))
+        dmem, touched = np.zeros((n, self.ps), dtype=np.int64), np.zeros((n, self.ps), dtype=bool)
+        for at, add, rem in slots:
+            if not at:
+                continue
+            at, add, rem = np.asarray(at), np.asarray(add), np.asarray(rem)
+            added[at] += self.cost[add]
+            removed[at] += self.cost[rem]
+            dmem[at] += self.nbytes[add] - self.nbytes[rem]
+            touched[at] |= self.on[add] | self.on[rem]
+        approx = np.asarray(st.costs, dtype=np.float64) + (added - removed)
+        full = ((np.asarray(st.mem, dtype=np.int64) + dmem > limit) & touched).any(axis=1)
+        total = approx[:, 0].copy()
+        for p in range(1, self.ps):
+            total += approx[:, p]
+        top = approx.max(axis=1)
+        return [None if f else (m, t) for f, m, t in zip(full.tolist(), top.tolist(), total.tolist())]
 
 
 def _score(st: State, sp: _Space, moves: List[Move], top_k: int):
@@ -256,16 +328,11 @@ def _score(st: State, sp: _Space, moves: List[Move], top_k: int):
     The surrogate (a PS's cost + the added shards' costs alone - the removed ones') ranks the
     thousands of candidate moves cheaply; the cost model then scores only the most promising.
     """
-    ranker = _Ranker(st, sp)
-    ranked = []
-    for idx, mv in enumerate(moves):
-        key = ranker.approx(mv)
-        if key is not None:
-            ranked.append((key, idx, mv))
+    ranked = [(key, idx) for idx, key in enumerate(_Ranker(st, sp).rank(moves)) if key is not None]
     if not ranked:
         return None
-    ranked.sort(key=lambda x: x[:2])
-    scored = _exact(st, sp, [(mv, _delta(st, sp, mv)) for _, _, mv in ranked[:top_k]])
+    ranked.sort()
+    scored = _exact(st, sp, [(moves[idx], _delta(st, sp, moves[idx])) for _, idx in ranked[:top_k]])
     return min(scored, key=lambda x: x[0])
 
 

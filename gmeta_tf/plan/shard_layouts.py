@@ -29,6 +29,14 @@ class ShardLayout:
     kind: ShardKind
     parts: int  # 1 for "table", k row shards, n column blocks
 
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.kind, self.parts)))
+
+    def __hash__(self) -> int:
+        """The dataclass's own hash, computed once: the search hashes layouts millions of times
+        (moves as dict keys), and the same value keeps every set of layouts in the same order."""
+        return self._hash
+
     def __str__(self) -> str:
         return "whole" if self.kind == "table" else f"{self.kind}x{self.parts}"
 

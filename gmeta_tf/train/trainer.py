@@ -105,9 +105,6 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
     on rank 0 after each validation (``gmeta tune`` reports to Optuna there); what it raises
     propagates. ``warm_start`` names another run's checkpoint to start from (``warm_start.py``)."""
     rt = rt or Runtime()
-    if rt.rank == 0 and cfg.cluster.wire_dtype != rt.sync.wire.dtype:
-        rt.log(f"cluster.wire_dtype {cfg.cluster.wire_dtype} has no effect here: one process, nothing "
-               f"crosses a link (wire {rt.sync.wire.dtype})")
     run_dir = str(run_dir)
     schema, metric = _prepare(cfg, rt)
     warm = resolve(warm_start) if warm_start else None

@@ -196,11 +196,11 @@ def _resume_once_pending(pid, sig, timeout=60):
     os.kill(pid, signal.SIGCONT)
 
 
-def _kill_frozen_rank(argv, tag, rank=1, step=20, timeout=400, while_frozen=None):
+def _kill_frozen_rank(argv, tag, rank=1, step=20, timeout=400, while_frozen=None, env=None):
     """Run ``argv`` (a launch) with rank ``rank`` frozen after ``step`` (``GMETA_PAUSE_AT_STEP``),
     call ``while_frozen(proc)`` if given, kill the rank with SIGKILL; the launch's exit code and
-    output once it ends."""
-    proc = _spawn(argv, pause_at=f"{step}:{rank}")
+    output once it ends. ``env``: variables added to the launch's environment."""
+    proc = _spawn(argv, pause_at=f"{step}:{rank}", env=env)
     pid = _wait_frozen(lambda: _rank_pids(tag, rank), proc, what=f"rank {rank} to freeze after step {step}")
     if while_frozen is not None:
         while_frozen(proc)
