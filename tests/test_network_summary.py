@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import network_paths
-from bench.network_paths import FULL_ENV, PATHS, Mark, Window, figures, ratios, sweep_from_env
+from bench.network_paths import F32, FULL_ENV, PATHS, Mark, Window, figures, ratios, sweep_from_env
 from bench.network_summary import best_path, summarize, wait_point
 
 pytestmark = pytest.mark.fast
@@ -108,8 +108,9 @@ def test_the_default_sweep_and_the_full_one():
     assert s.scale == (4, 2)
     full = sweep_from_env({FULL_ENV: "full"})
     assert len(full.points) == 5 and {"per_table", "unfused"} <= set(full.paths)
-    lean = set(PATHS["lean"])  # all the options together
-    assert {s for name in ("bf16", "hot_stale") for s in PATHS[name] if s != "hot.budget=0"} <= lean
+    lean = set(PATHS["lean"])  # all the options together (the baselines' float32 wire is not an option)
+    assert {s for name in ("bf16", "hot_stale") for s in PATHS[name] if s not in ("hot.budget=0", F32)} <= lean
+    assert F32 in PATHS["default"] and F32 not in lean  # the baseline: float32 whatever the default
 
 
 def test_auto_is_judged_against_the_faster_of_split_on_and_off():
