@@ -47,6 +47,7 @@ from gmeta_tf.quiet import NOISE
 from gmeta_tf.stop_signals import StopSignals
 from gmeta_tf.train import rank_status
 from gmeta_tf.train.rank_status import STATUS_DIR_ENV, STOP_FILE, STOP_FILE_ENV, RankStatus, StopRequest
+from launch.elastic_hosts import horovodrun_args, host_list, this_machine_names
 from launch.horovodrun import argv as hvd_launch_argv
 from launch.rank_agent import RANK_ARGV_ENV, agent_argv
 
@@ -105,8 +106,11 @@ class LocalCluster:
     keeps_ps_across_restarts = True
 
     def __init__(self, log: Callable[[str], None] = print, env: Optional[Dict[str, str]] = None,
-                 grace_s: float = 10.0):
+                 grace_s: float = 10.0, elastic: bool = False):
         self.log = log
+        # Horovod Elastic (``--elastic``): a lost rank is the ring's to absorb, not a failure here.
+        self.elastic = elastic
+        self._lost_logged: List[int] = []
         self.launch_id = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex
         self.env = {**os.environ, **(env or {}), LAUNCH_ID_ENV: self.launch_id, "PYTHONUNBUFFERED": "1",
                     LAUNCHER_PID_ENV: str(os.getpid())}
@@ -184,7 +188,10 @@ class LocalCluster:
                     env: Optional[Dict[str, str]] = None, shown: Optional[List[str]] = None) -> int:
         """Run ``worker_argv`` as ``workers`` ranks under ``horovodrun`` to its end (``shown``: the
         command the log line names instead, when ``worker_argv`` wraps it)."""
-        args = ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+        if self.elastic:
+            args = horovodrun_args(workers, host_list(workers, this_machine_names()))
+        else:
+            args = ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))  # what the line shows: the same run
         self.log(f"[launch] {shlex.join([horovodrun, *args, *(shown or worker_argv)])}")
         argv = [*hvd_launch_argv(), *args, *worker_argv]  # horovodrun without its per-launch Gloo probe
@@ -273,6 +280,9 @@ class LocalCluster:
             return
         records = self.rank_records()
         lost = [r for r in records.values() if r.exit is not None and r.exit.reason in rank_status.SILENT_EXITS]
+        if self.elastic:
+            self._note_lost_elastic(lost)
+            return
         if not lost:
             return
         self._survivors_ended = True
@@ -285,6 +295,15 @@ class LocalCluster:
                 os.kill(r.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def _note_lost_elastic(self, lost: List[RankStatus]) -> None:
+        """Under Horovod Elastic the survivors roll back to their last commit and go on as a
+        smaller ring: each lost rank is said once, and nobody is ended."""
+        for r in lost:
+            if r.rank not in self._lost_logged:
+                self._lost_logged.append(r.rank)
+                self.log(f"[launch] worker rank {r.rank} {r.exit.message}: elastic, the other ranks go on "
+                         f"without it from their last commit")
 
     def tick(self) -> None:
         """Called every 0.1 s while the workers run (emulated clusters fire scheduled faults)."""

@@ -111,7 +111,8 @@ def _failure(cluster: LocalCluster, code: int, timeout_s: Optional[float]) -> Op
             problems.append(f"{c.name} died ({exit_codes.describe(c.proc.returncode)})")
             first_code = first_code if first_code is not None else c.proc.returncode
             job = job if job is not None else exit_codes.CLUSTER_FAULT.code
-    exits = cluster.rank_exits()
+    # Under Horovod Elastic a rank lost while horovodrun finished the job was absorbed by the ring.
+    exits = [] if cluster.elastic and code == 0 else cluster.rank_exits()
     if exits:
         problems.append(rank_problem(exits[0]))
         first_code = first_code if first_code is not None else exits[0].exit.code
@@ -191,12 +192,14 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
                  timeout_s: Optional[float] = None, ps_ready_timeout_s: float = 120.0,
                  restarts: RestartPolicy = RestartPolicy(), grace_s: float = 25.0,
                  network: Optional[str] = None, network_faults: Sequence[str] = (),
-                 run_dir: Optional[str] = None) -> int:
+                 run_dir: Optional[str] = None, elastic: bool = False) -> int:
     """Start ``ps`` PS tasks and ``workers`` workers running ``gmeta train train_argv``,
     restarting the whole cluster up to ``restarts.max_restarts`` times. ``network`` (a
     ``--network`` profile) other than loopback puts every process on an emulated host
     (``launch/emulated_cluster.py``), and ``network_faults`` schedules faults on their links.
-    ``run_dir`` is the ranks' ``--out`` (read from ``train_argv`` when not given).
+    ``run_dir`` is the ranks' ``--out`` (read from ``train_argv`` when not given). ``elastic``:
+    the workers run as a Horovod Elastic ring (``cluster.elastic``; ``launch/elastic_hosts.py``):
+    a lost worker is absorbed by the others with no restart; a lost PS restarts as without it.
 
     Returns 0 on success, or the exit code of the stop signal the launcher was sent; raises
     ``JobFailed`` naming every failed rank / PS otherwise, with its first cause's exit code.
@@ -210,10 +213,13 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     if faults and not profile.emulated:
         raise ClusterError("--network-fault needs an emulated network (--network rate=... or a named profile)")
     run_dir = run_dir or _run_dir_of(train_argv)
+    if elastic:
+        _check_elastic(workers, profile.emulated)
+        train_argv = [*train_argv, "--set", "cluster.elastic=true"]
     if not profile.emulated:
         with _status_dir(run_dir) as status:
-            return _supervise(lambda env: LocalCluster(log=log, env=env), workers, ps, train_argv, log, timeout_s,
-                              ps_ready_timeout_s, restarts, grace_s, status)
+            return _supervise(lambda env: LocalCluster(log=log, env=env, elastic=elastic), workers, ps, train_argv,
+                              log, timeout_s, ps_ready_timeout_s, restarts, grace_s, status)
     if "--no-resume" in train_argv:
         raise ClusterError("--no-resume cannot be honoured with --network: each emulated host runs the TFJob "
                            "entrypoint, which always resumes (a restarted pod continues its job); start from "
@@ -234,6 +240,15 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
                                f"(hosts: {', '.join(net.hosts)})")
         return _supervise(lambda env: EmulatedCluster(net, log=log, env=env, faults=faults),
                           workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s, status)
+
+
+def _check_elastic(workers: int, emulated: bool) -> None:
+    """What ``--elastic`` needs of the launch itself (the config's part is ``Config._check_elastic``)."""
+    if workers < 2:
+        raise ClusterError(f"--elastic needs --workers >= 2 (got {workers}): a ring of one has no worker to lose")
+    if emulated:
+        raise ClusterError("--elastic runs on loopback only: with --network each emulated host is started as a "
+                           "TFJob pod, not by horovodrun's elastic driver")
 
 
 def _backoff(seconds: float, signals: StopSignals) -> None:

@@ -111,15 +111,13 @@ class _Ranks:
         return lambda x: self._exchange(rank, x, lambda r: np.concatenate(self.box))
 
 
-def test_mean_on_wire_averages_in_float32_and_gives_every_rank_the_same_bits():
-    n, rng = 3, np.random.default_rng(2)
-    shapes = [(4, 5), (7,), ()]  # 28 values: not a multiple of the ranks, so the slices are padded
-    grads = [[(rng.uniform(0.5, 2.0, size=s) * 1e-6).astype(np.float32) for s in shapes] for _ in range(n)]
+def _means_on_wire(n: int, grads, size_of):
+    """``mean_on_wire`` on ``n`` simulated ranks (threads), each told the ring's size by ``size_of(n)``."""
     ranks, out, errors = _Ranks(n), [None] * n, []
 
     def run(r):
         try:
-            out[r] = [t.numpy() for t in mean_on_wire([tf.constant(g) for g in grads[r]], n, BF16,
+            out[r] = [t.numpy() for t in mean_on_wire([tf.constant(g) for g in grads[r]], size_of(n), BF16,
                                                       ranks.alltoall(r), ranks.allgather(r))]
         except Exception as e:  # noqa: BLE001 (re-raised below, in the test's thread)
             errors.append(e)
@@ -131,6 +129,27 @@ def test_mean_on_wire_averages_in_float32_and_gives_every_rank_the_same_bits():
     for t in threads:
         t.join(60)
     assert not errors, errors
+    return ranks, out
+
+
+def test_mean_on_wire_reads_the_size_when_it_runs_as_it_would_when_traced():
+    """An elastic ring's size is a tensor read when the step runs (``HorovodSync.elastic``): the
+    same bits as the size known at trace time, for a ring of 3 and the ring of 2 it shrinks to."""
+    rng = np.random.default_rng(5)
+    shapes = [(4, 5), (7,), ()]
+    for n in (3, 2):
+        grads = [[(rng.uniform(0.5, 2.0, size=s) * 1e-6).astype(np.float32) for s in shapes] for _ in range(n)]
+        _, static = _means_on_wire(n, grads, lambda k: k)
+        _, dynamic = _means_on_wire(n, grads, lambda k: tf.constant(k, tf.int32))
+        for a, b in zip(static[0], dynamic[0]):
+            assert a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_mean_on_wire_averages_in_float32_and_gives_every_rank_the_same_bits():
+    n, rng = 3, np.random.default_rng(2)
+    shapes = [(4, 5), (7,), ()]  # 28 values: not a multiple of the ranks, so the slices are padded
+    grads = [[(rng.uniform(0.5, 2.0, size=s) * 1e-6).astype(np.float32) for s in shapes] for _ in range(n)]
+    ranks, out = _means_on_wire(n, grads, lambda k: k)
     assert ranks.dtypes == {tf.int16}  # bfloat16 bits: 2 bytes a value on the wire
     for r in range(1, n):
         for a, b in zip(out[0], out[r]):

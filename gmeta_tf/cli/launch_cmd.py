@@ -31,10 +31,14 @@ def launch():
 @click.option("--network-fault", "network_faults", multiple=True, metavar="HOST:KIND=VALUE@STEP",
               help="With --network: a fault on one host's link once a worker reaches STEP, e.g. ps0:cut=5@20, "
                    "worker1:loss=0.02@10, worker0:rate=10mbit@30. Repeatable.")
+@click.option("--elastic", is_flag=True, default=False,
+              help="Run the workers as a Horovod Elastic ring (cluster.elastic): a lost worker rolls the others "
+                   "back to their last commit (train.elastic_commit_every) and they go on, with no restart; a lost "
+                   "PS still restarts from the checkpoint (docs/fault_tolerance.md).")
 @train_options(with_ps=False)
 @friendly_errors
-def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, network_faults, config_path, overrides,
-          data, run_dir, algo, steps, resume, warm_start):
+def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, network_faults, elastic, config_path,
+          overrides, data, run_dir, algo, steps, resume, warm_start):
     """Run `gmeta train` as N workers with M PS on this host; every train option passes through.
 
     SIGTERM, Ctrl-C or SIGHUP makes every worker checkpoint at one agreed step and exit (143 / 130
@@ -43,7 +47,8 @@ def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, networ
     from gmeta_tf.exit_codes import signal_exit
     from launch.supervisor import LaunchStopped, RestartPolicy, launch_local
 
-    cfg = train_config(config_path, overrides, data, algo, steps)  # fail fast on a bad config, here
+    # fail fast on a bad config, here (an elastic ring's conflicts with it included)
+    cfg = train_config(config_path, (*overrides, "cluster.elastic=true") if elastic else overrides, data, algo, steps)
     argv = []
     if config_path:
         argv += ["--config", config_path]
@@ -56,7 +61,7 @@ def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, networ
     try:
         code = launch_local(workers, ps_count, argv, log=lambda m: click.echo(m), timeout_s=timeout_s,
                             restarts=RestartPolicy(max_restarts, backoff_s), grace_s=cfg.train.preemption_grace_s,
-                            network=network, network_faults=network_faults, run_dir=run_dir)
+                            network=network, network_faults=network_faults, run_dir=run_dir, elastic=elastic)
     except LaunchStopped as e:
         sys.exit(signal_exit(e.signum))
     if code:

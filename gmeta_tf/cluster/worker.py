@@ -139,7 +139,7 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.train.dense_sync import HorovodSync
 
-    sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype))
+    sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype), elastic=cfg.cluster.elastic)
     rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log
     gpu = pin_gpu(sync.local_rank)
     ps = ps_addresses(cfg)

@@ -380,9 +380,17 @@ class TrainConfig:
     # request is acted on at the end of the call (the checkpoint holds its last step). Each call
     # length traces once. With ``model.max_rows`` (eviction between steps) calls are one step.
     steps_per_call: int = 1
+    # With ``cluster.elastic``: every this many steps each rank copies its dense weights, their
+    # optimizer state and the step to host memory (Horovod Elastic's commit); a lost worker rolls
+    # the survivors back to the last one (docs/fault_tolerance.md, "Elastic workers"). A commit
+    # lands on the first call end at or past each multiple; lower loses fewer steps, costs a copy.
+    elastic_commit_every: int = 10
 
     def __post_init__(self) -> None:
         _require(self.steps >= 0, "train.steps", f"must be >= 0, got {self.steps}")
+        _require(isinstance(self.elastic_commit_every, int) and not isinstance(self.elastic_commit_every, bool)
+                 and self.elastic_commit_every >= 1, "train.elastic_commit_every",
+                 f"must be an integer >= 1 (steps between elastic commits), got {self.elastic_commit_every!r}")
         _require(isinstance(self.steps_per_call, int) and not isinstance(self.steps_per_call, bool)
                  and self.steps_per_call >= 1, "train.steps_per_call",
                  f"must be an integer >= 1 (steps unrolled into one compiled call), got {self.steps_per_call!r}")
@@ -469,6 +477,10 @@ class ClusterConfig:
     # default since validation users could not tell it from float32 on either dataset (issue 41,
     # docs/network.md's quality guard); ``float32``: every value arrives as it left.
     wire_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    # Horovod Elastic (``gmeta launch local --elastic`` sets it): a lost worker rolls the others
+    # back to their last commit (``train.elastic_commit_every``) and they go on as a smaller ring,
+    # with no restart; a lost PS still restarts from the checkpoint (docs/fault_tolerance.md).
+    elastic: bool = False
 
     @property
     def link_rate_bit_s(self) -> Optional[int]:
@@ -478,6 +490,7 @@ class ClusterConfig:
         _require(self.connect_timeout_s > 0, "cluster.connect_timeout_s", "must be > 0")
         _require(self.wire_dtype in WIRE_DTYPES, "cluster.wire_dtype",
                  f"must be one of {', '.join(WIRE_DTYPES)}, got {self.wire_dtype!r}")
+        _require(isinstance(self.elastic, bool), "cluster.elastic", f"must be true or false, got {self.elastic!r}")
         if self.link_rate is not None:
             _require(bit_rate(self.link_rate) is not None and bit_rate(self.link_rate) > 0, "cluster.link_rate",
                      f"expected a bit rate such as 1gbit or 100mbit (tc's units; not bytes), got {self.link_rate!r}")
@@ -575,6 +588,19 @@ class Config:
             _require(self.model.hot_sync_every == 1, "meta.hot_in_program",
                      f"applies the hot rows every step inside the compiled step; model.hot_sync_every is "
                      f"{self.model.hot_sync_every}, use one of the two")
+        if self.cluster.elastic:
+            self._check_elastic()
         _require(self.model.hot_sync_every == 1 or self.train.steps_per_call == 1, "train.steps_per_call",
                  f"is {self.train.steps_per_call} with model.hot_sync_every {self.model.hot_sync_every}: a "
                  f"compiled call of several steps syncs the hot rows at every step; use one of the two")
+
+    def _check_elastic(self) -> None:
+        """What an elastic ring (``cluster.elastic``) cannot carry through a lost worker: the hot
+        tier's replicated rows live outside the state a commit copies, and a learning rate scaled
+        by the ring's start size would stay scaled after it shrinks."""
+        _require(not (self.hot.budget_bytes > 0 and self.model.hot_split is not False), "cluster.elastic",
+                 f"cannot roll back the hot tier's replicated rows (hot.budget {self.hot.budget!r}, "
+                 f"model.hot_split {self.model.hot_split!r}); set hot.budget: 0 or model.hot_split: false")
+        _require(not self.train.scale_lr, "cluster.elastic",
+                 "with train.scale_lr the learning rates are scaled by the ring's size at start, which an "
+                 "elastic ring changes; set train.scale_lr: false")

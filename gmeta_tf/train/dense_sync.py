@@ -22,7 +22,7 @@ replicas stay identical.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+from typing import Callable, List, Sequence, Union
 
 import tensorflow as tf
 
@@ -58,25 +58,40 @@ class HorovodSync:
     """Horovod over Gloo. ``hvd.init()`` must already have run (``HorovodSync.create``). ``wire``:
     the dtype floating tensors cross between workers in (``cluster.wire_dtype``)."""
 
-    def __init__(self, hvd, wire: Wire = Wire()):
+    def __init__(self, hvd, wire: Wire = Wire(), elastic: bool = False):
         self.hvd = hvd
-        self.rank = hvd.rank()
-        self.size = hvd.size()
-        self.local_rank = hvd.local_rank()
         self.wire = wire
+        # An elastic ring changes size under a step traced once: the size a collective's shapes
+        # depend on is then read when the step runs (``hvd.size_op``), not when it is traced.
+        self.elastic = elastic
+
+    # Read from Horovod at each use, not kept: under Horovod Elastic a lost worker re-forms the
+    # ring (``reset``), and the survivors' ranks and the ring's size change (train/elastic.py).
+    @property
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    @property
+    def size(self) -> int:
+        return self.hvd.size()
+
+    @property
+    def local_rank(self) -> int:
+        return self.hvd.local_rank()
 
     @classmethod
-    def create(cls, wire: Wire = Wire()) -> "HorovodSync":
+    def create(cls, wire: Wire = Wire(), elastic: bool = False) -> "HorovodSync":
         import horovod.tensorflow as hvd
 
         hvd.init()
-        return cls(hvd, wire)
+        return cls(hvd, wire, elastic)
 
     def allreduce(self, grads: Sequence[tf.Tensor]) -> List[tf.Tensor]:
         """The mean over ranks; in the wire dtype where there is a wire (more than one rank)."""
-        if self.wire.exact or self.size == 1:
+        if self.wire.exact or (self.size == 1 and not self.elastic):
             return list(self.hvd.grouped_allreduce(list(grads), op=self.hvd.Average))
-        return mean_on_wire(list(grads), self.size, self.wire, self.hvd.alltoall, self.hvd.allgather)
+        size = tf.cast(self.hvd.size_op(), tf.int32) if self.elastic else self.size
+        return mean_on_wire(list(grads), size, self.wire, self.hvd.alltoall, self.hvd.allgather)
 
     def broadcast_variables(self, variables: Sequence[tf.Variable]) -> None:
         self.hvd.broadcast_variables(list(variables), root_rank=0)
@@ -97,16 +112,28 @@ class HorovodSync:
         got = self.hvd.grouped_allgather([as_bits(t) for t in tensors])
         return [from_bits(g, t.dtype) for g, t in zip(got, tensors)]
 
+    def broadcast_object(self, obj):
+        """Rank 0's picklable ``obj`` on every rank (Horovod Elastic's commit check uses it)."""
+        return self.hvd.broadcast_object(obj, root_rank=0)
+
+    def reset(self) -> None:
+        """Leave the ring and join the next one the elastic driver forms (Horovod Elastic's reset):
+        blocks until the driver has re-formed it without the lost workers."""
+        self.hvd.shutdown()
+        self.hvd.init()
+
 
 Collective = Callable[[tf.Tensor], tf.Tensor]
 
 
-def mean_on_wire(tensors: List[tf.Tensor], size: int, wire: Wire, alltoall: Collective,
+def mean_on_wire(tensors: List[tf.Tensor], size: Union[int, tf.Tensor], wire: Wire, alltoall: Collective,
                  allgather: Collective) -> List[tf.Tensor]:
     """The mean over ``size`` ranks of each float32 tensor, every value crossing in ``wire``'s
     dtype (module docstring): ``alltoall`` sends row r of a ``[size, n]`` tensor to rank r and
     returns what every rank sent this one, in rank order; ``allgather`` concatenates every
-    rank's ``[1, n]`` along axis 0. Static shapes (dense weights' gradients)."""
+    rank's ``[1, n]`` along axis 0. Static shapes (dense weights' gradients) where ``size`` is
+    an int; an int32 tensor (an elastic ring, read when the step runs) makes the slices' width
+    a tensor too, and the same arithmetic follows."""
     if not tensors:
         return []
     counts = [t.shape.num_elements() for t in tensors]
@@ -115,7 +142,7 @@ def mean_on_wire(tensors: List[tf.Tensor], size: int, wire: Wire, alltoall: Coll
     flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], axis=0)
     slices = tf.reshape(tf.pad(flat, [[0, width * size - total]]), [size, width])
     received = from_bits(alltoall(as_bits(wire.send(slices))), wire.tf_dtype)  # every rank's copy of my slice
-    mine = tf.reduce_sum(wire.receive(received), axis=0) / float(size)
+    mine = tf.reduce_sum(wire.receive(received), axis=0) / tf.cast(size, tf.float32)
     gathered = from_bits(allgather(as_bits(wire.send(mine[None, :]))), wire.tf_dtype)
     out = tf.split(tf.reshape(wire.receive(gathered), [-1])[:total], counts)
     return [tf.cast(tf.reshape(o, t.shape), t.dtype) for o, t in zip(out, tensors)]

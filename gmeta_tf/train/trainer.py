@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import tensorflow as tf
 
@@ -128,6 +129,10 @@ def _prepare(cfg: Config, rt: Runtime) -> tuple[dict, str]:
     """The prepared data's schema and the metric validation reports (checked before anything is
     built: a metric validation can't report fails here)."""
     absolute_data_path(cfg)
+    if cfg.cluster.elastic:
+        from gmeta_tf.train.elastic import require_elastic_ring
+
+        require_elastic_ring(os.environ)
     tf.random.set_seed(cfg.train.seed + rt.rank)
     schema = load_schema(cfg.data.path)
     return schema, resolve_metric(cfg, schema["label"]["kind"])
@@ -197,48 +202,53 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
     ``log_every``, validating every ``eval_every`` and checkpointing as configured, in calls of
     up to ``train.steps_per_call`` steps that end at each of those steps (``step_calls.py``). The
     last step of a call after which any rank asked to stop (``watch``) is checkpointed, then
-    ``Preempted`` is raised on every rank."""
+    ``Preempted`` is raised on every rank. With ``cluster.elastic`` the steps run under Horovod
+    Elastic (``elastic.py``): a lost worker rolls the others back to the last commit and they go on."""
     watch = watch or PreemptionWatch(cfg.train.preemption_grace_s, rt.log, rt.rank)  # not installed: never asks
-    history = [h for h in previous_history(run_dir) if h["step"] <= start] if start else []
-    writer = tf.summary.create_file_writer(storage.join(run_dir, "tb")) if rt.rank == 0 else None
-    ds = make_dataset(cfg.data.path, "train", cfg.data, rank=rt.rank, size=rt.size, training=True)
-    # The pipeline is deterministic (seeded shuffles, ordered interleave), so skipping the
-    # batches already trained on makes a resumed run see exactly the data it would have seen.
-    it = iter(ds.skip(start))
-    window = Window(cfg.data.tasks_per_batch)
-    validating = cfg.train.eval_every > 0
-    end = start if stopped else cfg.train.steps
-    upcoming = next(it) if start < end else None
-    step = start
+    at = _Loop(history=[h for h in previous_history(run_dir) if h["step"] <= start] if start else [],
+               window=Window(cfg.data.tasks_per_batch), step=start, stopped=stopped,
+               end=start if stopped else cfg.train.steps)
     restarts = from_env() if rt.rank == 0 else []  # gmeta launch local --max-restarts
     pause = pause_point()  # a fault test's trigger (GMETA_PAUSE_AT_STEP); None in a real job
     # train.steps_per_call: each call ends where the loop below has work (step_calls.py).
-    plan = call_plan(cfg, end, pause)
-    try:  # the steps and every collective after them (log, validation, checkpoint)
-        while step < end:
+    plan = call_plan(cfg, at.end, pause)
+    validating = cfg.train.eval_every > 0
+
+    def train_from(begin: int, commit: Optional[Callable[[int], None]] = None) -> None:
+        """Steps ``begin+1 .. end``; ``commit(step)`` after each call (elastic commits)."""
+        if rt.rank == 0 and at.writer is None:
+            at.writer = tf.summary.create_file_writer(storage.join(run_dir, "tb"))
+        # The pipeline is deterministic (seeded shuffles, ordered interleave), so skipping the
+        # batches already trained on makes a resumed run see exactly the data it would have seen.
+        # Rank and size are read here: an elastic ring re-forms smaller and re-shards the files.
+        it = iter(make_dataset(cfg.data.path, "train", cfg.data, rank=rt.rank, size=rt.size,
+                               training=True).skip(begin))
+        upcoming = next(it) if begin < at.end else None
+        step = at.step = begin
+        while step < at.end:
             first = step + 1
             last_of_call = first + plan.length(first) - 1
             # One batch ahead: a call reads the next call's first batch's cold rows (hot.prefetch).
             batches = [upcoming] + [next(it) for _ in range(last_of_call - first)]
-            upcoming = next(it) if last_of_call < end else None
+            upcoming = next(it) if last_of_call < at.end else None
             built.step_fn.vote_stop(watch.poll())
-            step = first  # a failed call is reported at its first step
+            step = at.step = first  # a failed call is reported at its first step
             losses, preempted = _train_call(rt, built, first, batches, upcoming)
-            step = last_of_call
+            step = at.step = last_of_call
             last = step == cfg.train.steps
             watch.status.update(step=step, write_now=step % cfg.train.log_every == 0 or last)
             if cfg.model.max_rows:
                 _evict(built, rt, cfg.model.max_rows)
-            window.add_call(losses)
+            at.window.add_call(losses)
             if first == start + 1 and restarts:
                 rt.log(describe(complete(restarts, start, marks=marks)))
             if step % cfg.train.log_every == 0 or last:
-                log_window(cfg, rt, window, step, history, writer)
+                log_window(cfg, rt, at.window, step, at.history, at.writer)
             improved = False
             if validating and (step % cfg.train.eval_every == 0 or last):
-                improved = validation_point(cfg, built.model, rt, tracker, step, writer, on_validation)
-                stopped = bool(rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0))
-            if improved or stopped or preempted or step % cfg.train.checkpoint_every == 0 or last:
+                improved = validation_point(cfg, built.model, rt, tracker, step, at.writer, on_validation)
+                at.stopped = bool(rt.sync.broadcast_int(int(tracker.should_stop) if rt.rank == 0 else 0))
+            if improved or at.stopped or preempted or step % cfg.train.checkpoint_every == 0 or last:
                 meta = {"algo": cfg.meta.algo, "ranks": rt.size, "ps": rt.ps_tasks,
                         "data": data_record(cfg.data.path, schema), "validation": tracker.state()}
                 if preempted:
@@ -250,18 +260,68 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
                     built.ckpt.mark_best(path, tracker.summary())
                 if preempted and not last:
                     raise _preempted(rt, watch, step, path, time.perf_counter() - t0)
+            if commit is not None:
+                commit(step)
             if pause is not None and pause.due(step, rt.rank):
                 freeze()
-            if stopped:
+            if at.stopped:
                 if rt.rank == 0:
                     rt.log(f"early stop at step {step}: {tracker.metric} did not improve in "
                            f"{tracker.since_best} validations; best {tracker.best_value:.4f} at step {tracker.best_step}")
                 break
+
+    try:  # the steps and every collective after them (log, validation, checkpoint)
+        if cfg.cluster.elastic:
+            _train_elastic(cfg, rt, built, at, train_from)
+        else:
+            train_from(start)
     except Exception as e:
         if not is_peer_failure(e, rt):
             raise
-        raise step_failure_error(e, rt, step) from None
-    return RunResult(start, end, step if start < end else start, stopped, window, history, writer, restarts)
+        raise step_failure_error(e, rt, at.step) from None
+    return RunResult(start, at.end, at.step if start < at.end else start, at.stopped, at.window, at.history,
+                     at.writer, restarts)
+
+
+@dataclass
+class _Loop:
+    """What the training loop carries across calls, and across an elastic ring's re-forming."""
+
+    history: list
+    window: Window
+    step: int
+    stopped: bool
+    end: int
+    writer: Optional[object] = None  # rank 0's TensorBoard writer
+
+
+def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from: Callable[..., None]) -> None:
+    """``train_from`` under Horovod Elastic (``elastic.py``): the dense weights, their optimizer
+    state and the step are committed every ``train.elastic_commit_every`` steps (at the first call
+    end at or past each multiple); a lost worker rolls the survivors back to the last commit and
+    they go on as a smaller ring, reading their new shards of the data from that step on."""
+    from gmeta_tf.train.elastic import DenseCommit, run_elastic
+    from gmeta_tf.train.failures import down_ps
+
+    every = cfg.train.elastic_commit_every
+    state = DenseCommit(rt.sync, list(built.model.dense_variables.values()) + list(built.dense_opt.variables),
+                        at.step)
+    entries = []
+
+    def commit(step: int) -> None:
+        if step // every > state.step // every:
+            state.commit_step(step)
+
+    def attempt(s: DenseCommit) -> None:
+        if entries:  # the ring re-formed: rank 0's commit is everyone's now
+            at.history[:] = [h for h in at.history if h["step"] <= s.step]
+            rt.log(f"elastic: the ring re-formed; {rt.size} worker(s) go on from the commit of step {s.step} "
+                   f"(rank {rt.rank} of {rt.size}; global meta-batch {cfg.data.tasks_per_batch * rt.size} tasks); "
+                   f"PS rows keep the updates that landed since")
+        entries.append(s.step)
+        train_from(s.step, commit)
+
+    run_elastic(state, attempt, lambda e: is_peer_failure(e, rt) and not down_ps(rt), rt.sync.reset)
 
 
 def _train_call(rt: Runtime, built: Built, first: int, batches: List[dict],

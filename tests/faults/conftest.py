@@ -23,7 +23,7 @@ HERE = Path(__file__).parent
 
 
 # Whole modules of real trainings and launches: the integration tier (not in make test-fast).
-INTEGRATION_MODULES = {"test_process_faults.py", "test_run_dir.py", "test_restarts.py"}
+INTEGRATION_MODULES = {"test_process_faults.py", "test_run_dir.py", "test_restarts.py", "test_elastic.py"}
 
 
 def pytest_collection_modifyitems(items):
@@ -57,9 +57,8 @@ def no_orphans(monkeypatch):
         pytest.fail(f"processes outlived the test: {cmds}")
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> Path:
-    """300 synthetic users prepared into 2 shards: enough for 2 workers, seconds to train."""
+def _tiny_prepared(tmp_path_factory, shards: int, name: str) -> Path:
+    """300 synthetic users prepared into ``shards`` shards (once per session)."""
     from gmeta_tf.config.schema import PrepareConfig
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.data.synth import synth
@@ -67,9 +66,21 @@ def tiny_data(tmp_path_factory) -> Path:
     def make(root: Path):
         synth(str(root / "raw"), tasks=300, seed=3, rows_per_file=10000)
         cfg = PrepareConfig(query=4, max_support=8, min_task_size=12, valid_frac=0.1, test_frac=0.2,
-                            shards=2, seed=0)
+                            shards=shards, seed=0)
         prepare([str(root / "raw")], str(root / "prepared"), cfg)
-    return once_per_session(tmp_path_factory, "faults_data", make) / "prepared"
+    return once_per_session(tmp_path_factory, name, make) / "prepared"
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    """300 synthetic users prepared into 2 shards: enough for 2 workers, seconds to train."""
+    return _tiny_prepared(tmp_path_factory, 2, "faults_data")
+
+
+@pytest.fixture(scope="session")
+def tiny_data_3(tmp_path_factory) -> Path:
+    """The same users in 3 shards: enough for 3 workers (tests/faults/test_elastic.py)."""
+    return _tiny_prepared(tmp_path_factory, 3, "faults_data_3")
 
 
 @pytest.fixture(scope="session")

@@ -125,6 +125,12 @@ def one_worker_argv(tiny_data, run, *extra_sets, restarts=0, steps=REFERENCE_STE
     return [*argv, "--max-restarts", str(restarts), "--restart-backoff", "0.5", *_sets(*extra_sets)]
 
 
+def _assert_all_complete(run: Path):
+    left = [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-")
+            and not (p / "meta.json").exists()]
+    assert not left, f"incomplete checkpoints left: {left}"
+
+
 def _complete_steps(run):
     return sorted(int(c.name[5:13]) for c in (run / "checkpoints").glob("ckpt-*") if (c / "meta.json").exists())
 
@@ -188,3 +194,15 @@ def _resume_once_pending(pid, sig, timeout=60):
     waits for it: it then takes the signal right after the step it froze at."""
     _wait_for(lambda: _pending(pid, sig), timeout, f"{signal.Signals(sig).name} pending for {pid}")
     os.kill(pid, signal.SIGCONT)
+
+
+def _kill_frozen_rank(argv, tag, rank=1, step=20, timeout=400, while_frozen=None, env=None):
+    """Run ``argv`` (a launch) with rank ``rank`` frozen after ``step`` (``GMETA_PAUSE_AT_STEP``),
+    call ``while_frozen(proc)`` if given, kill the rank with SIGKILL; the launch's exit code and
+    output once it ends. ``env``: variables added to the launch's environment."""
+    proc = _spawn(argv, pause_at=f"{step}:{rank}", env=env)
+    pid = _wait_frozen(lambda: _rank_pids(tag, rank), proc, what=f"rank {rank} to freeze after step {step}")
+    if while_frozen is not None:
+        while_frozen(proc)
+    os.kill(pid, signal.SIGKILL)
+    return _finish(proc, timeout=timeout)

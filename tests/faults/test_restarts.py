@@ -28,9 +28,11 @@ from fault_helpers import (
     GMETA,
     REFERENCE_STEPS,
     TINY_SETS,
+    _assert_all_complete,
     _cmd,
     _complete_steps,
     _finish,
+    _kill_frozen_rank,
     _launch_argv,
     _output,
     _rank_pids,
@@ -72,12 +74,6 @@ def _assert_same_model(run: Path, reference: Path):
     for name, (keys, values) in want_tables.items():
         np.testing.assert_array_equal(got_tables[name][0], keys, err_msg=name)
         np.testing.assert_allclose(got_tables[name][1], values, atol=1e-5, err_msg=name)
-
-
-def _assert_all_complete(run: Path):
-    left = [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("ckpt-")
-            and not (p / "meta.json").exists()]
-    assert not left, f"incomplete checkpoints left: {left}"
 
 
 # -- 0. SIGTERM to the embedded trainer: the same protocol in one process -------------------------
@@ -205,10 +201,7 @@ def test_sigterm_to_one_worker_makes_both_checkpoint_one_step(tiny_data, tmp_pat
 def test_killed_worker_restarts_the_cluster(tiny_data, tmp_path, no_orphans):
     run = tmp_path / "run"
     argv = [*_launch_argv(tiny_data, run, steps=STEPS), "--max-restarts", "1", "--restart-backoff", "0.5"]
-    proc = _spawn(argv, pause_at="20:1")
-    rank1 = _wait_frozen(lambda: _rank_pids(no_orphans, 1), proc, what="rank 1 to freeze after step 20")
-    os.kill(rank1, signal.SIGKILL)
-    code, out = _finish(proc, timeout=400)
+    code, out = _kill_frozen_rank(argv, no_orphans)
     assert code == 0, out[-3000:]
     assert "restart 1/1: worker rank 1 failed (killed by SIGKILL)" in out, out[-3000:]
     # the launcher read rank 1's death from its agent's record and ended rank 0 itself, rather
