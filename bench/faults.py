@@ -14,6 +14,13 @@ Two real ``gmeta launch local`` jobs on the quickstart config, each hit once:
   workers exited, the cluster was torn down, the new one started, its PS answered, rank 0's
   process started, joined the cluster, restored the checkpoint and completed its first step
   (``gmeta_tf/train/restarts.py``), so the recovery's time is seen by phase.
+* **Elastic worker kill** (``--elastic``, no ``--max-restarts``): rank 1 killed (SIGKILL) once the
+  ranks have logged step 60 (a commit every 10 steps); rank 0 rolls back to its last commit and
+  goes on alone. ``elastic_worker_kill_recovery_s``: from the kill to rank 0's record of step 70,
+  the next logged step, so it includes the up to 10 steps trained after the rollback;
+  ``elastic_steps_10_s``, the same rank's 10 steps between its records of steps 50 and 60 before
+  the kill, is that share's order; ``elastic_worker_kill_restarts`` (0: the job was not
+  restarted) and ``elastic_ranks_at_end`` (1) come from ``train_summary.json``.
 * **Preemption**: SIGTERM to the launcher at about step 60 with no periodic checkpoint due; every
   rank checkpoints the agreed step and exits. ``preempt_checkpoint_s`` is that save (rank 0's
   report), ``preempt_exit_s`` the signal-to-exit time of the whole job, and the resumed job's
@@ -121,6 +128,27 @@ def measure_worker_kill(data: str, work: Path) -> Dict:
     return _measure_kill(data, work, "worker_kill", lambda job: job.ranks()[1].pid)
 
 
+def measure_elastic_worker_kill(data: str, work: Path) -> Dict:
+    """Rank 1 killed under ``--elastic`` (module docstring): the survivor's way past the loss."""
+    run = work / "elastic_worker_kill"
+    job = _Job(_argv(data, run, "--no-resume", "--elastic", "--set", "train.checkpoint_every=1000",
+                     "--set", "train.elastic_commit_every=10"), work / "elastic_worker_kill.log", run)
+    job.wait_until("rank 0 at step 50", lambda ranks: 0 in ranks and ranks[0].exit is None and ranks[0].step >= 50)
+    at_50 = time.monotonic()
+    job.wait_until("rank 0 at step 60", lambda ranks: ranks[0].exit is None and ranks[0].step >= 60)
+    steps_10_s = time.monotonic() - at_50
+    os.kill(job.ranks()[1].pid, 9)
+    killed = time.monotonic()
+    job.wait_until("rank 0 past the loss", lambda ranks: ranks[0].exit is None and ranks[0].step >= 70)
+    recovery_s = time.monotonic() - killed
+    code = job.finish()
+    summary = json.loads((run / "train_summary.json").read_text()) if code == 0 else {}
+    if code != 0 or summary.get("last_step") != STEPS:
+        raise RuntimeError(f"bench faults: the elastic job exited {code}; log {job.log_path}")
+    return {"elastic_worker_kill_recovery_s": recovery_s, "elastic_steps_10_s": steps_10_s,
+            "elastic_worker_kill_restarts": len(summary["restarts"]), "elastic_ranks_at_end": summary["ranks"]}
+
+
 def measure_preemption(data: str, work: Path) -> Dict:
     run = work / "preempt"
     argv = _argv(data, run, "--set", "train.checkpoint_every=1000")
@@ -144,4 +172,5 @@ def measure_preemption(data: str, work: Path) -> Dict:
 
 def measure(data: str, work: Path) -> Dict:
     work.mkdir(parents=True, exist_ok=True)
-    return {**measure_worker_kill(data, work), **measure_ps_kill(data, work), **measure_preemption(data, work)}
+    return {**measure_worker_kill(data, work), **measure_ps_kill(data, work), **measure_preemption(data, work),
+            **measure_elastic_worker_kill(data, work)}

@@ -273,6 +273,10 @@ HEADLINES = [
     ("faults.worker_kill_steps_redone", "… steps redone (train.checkpoint_every 50)", "≤ 50"),
     ("faults.ps_kill_recovery_s", "PS kill -9 to the next completed step, --max-restarts 1, s (2w2ps)", "≤ 30"),
     ("faults.ps_kill_steps_redone", "… steps redone (train.checkpoint_every 50)", "≤ 50"),
+    ("faults.elastic_worker_kill_recovery_s", "worker (rank 1) kill -9 with --elastic to rank 0's next logged step "
+     "(10 steps after the rollback included), s (2w2ps)", "≤ 15"),
+    ("faults.elastic_steps_10_s", "… those 10 steps' share: 10 steps before the kill, s", ""),
+    ("faults.elastic_worker_kill_restarts", "… restarts of the job (none: the survivor goes on)", "0"),
     ("faults.preempt_steps_redone", "SIGTERM to the launcher: steps redone after the resume", "0"),
     ("faults.preempt_checkpoint_s", "… the preemption checkpoint, s (2w2ps)", ""),
     ("faults.preempt_exit_s", "… SIGTERM to the job's exit, s", ""),
