@@ -18,7 +18,7 @@ second, and changed without running a sweep. The inputs are ``{point: {path: fig
 * ``lean_unshaped``: ``lean`` over the default on the unshaped hosts (``bridge``), and
   ``unshaped_over_default`` each path's;
 * ``auto``: at each point, ``auto``'s tasks/s over the faster of its two choices there, the
-  split on (``lean``) or off (``bf16``): ``over_faster``; ``picks_faster`` when every point is
+  split on (``lean``) or off (``int8``: ``lean`` without the hot tier): ``over_faster``; ``picks_faster`` when every point is
   within ``AUTO_NOISE`` of it (one run a point: differences inside the noise are no choice).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from bench.network_paths import UNSHAPED, WAIT_BOUND, profile_key
 
 DEFAULT = "default"
 LEAN = "lean"
-AUTO, SPLIT_OFF = "auto", "bf16"
+AUTO, SPLIT_OFF = "auto", "int8"
 AUTO_NOISE = 0.05  # repeats of one point on this box move its tasks/s by a few percent
 
 

@@ -52,9 +52,10 @@ OPTIONS: Dict[str, List[str]] = {
     "exact": [],
     "bf16": ["cluster.wire_dtype=bfloat16"],
     "stale": ["model.hot_sync_every=4"],
-    "lean": ["cluster.wire_dtype=bfloat16", "model.hot_sync_every=4"],
+    "int8": ["cluster.dense_compression=int8"],
+    "lean": ["cluster.wire_dtype=bfloat16", "model.hot_sync_every=4", "cluster.dense_compression=int8"],
 }
-COMPARED = ("bf16", "stale", "lean")
+COMPARED = ("bf16", "stale", "int8", "lean")
 REPEAT = "exact_repeat"
 SEED = "exact_seed1"
 FLOORS = {REPEAT: [], SEED: ["model.seed=1", "data.seed=1", "train.seed=1"]}  # rows without a verdict

@@ -19,11 +19,11 @@ def _p(tps: float, kb: float, step_ms: float) -> dict:
 def _sweep() -> dict:
     # step_ms: the unshaped step is the same for every path (40 ms), so wait shares are exact.
     return ratios({
-        "bridge": {"default": _p(800, 270, 40), "bf16": _p(780, 150, 40), "hot_split": _p(760, 280, 40),
+        "bridge": {"default": _p(800, 270, 40), "bf16": _p(780, 150, 40), "int8": _p(780, 120, 40), "hot_split": _p(760, 280, 40),
                    "hot_stale": _p(790, 120, 40), "lean": _p(784, 80, 40)},
         "100mbit": {"default": _p(700, 270, 50), "lean": _p(760, 80, 42)},
         "20mbit": {"default": _p(400, 270, 60), "lean": _p(700, 80, 45)},  # waits 1/3: below the bound
-        "5mbit": {"default": _p(200, 270, 160), "bf16": _p(300, 150, 100), "hot_split": _p(190, 280, 170),
+        "5mbit": {"default": _p(200, 270, 160), "bf16": _p(300, 150, 100), "int8": _p(330, 120, 90), "hot_split": _p(190, 280, 170),
                   "hot_stale": _p(350, 120, 80), "lean": _p(500, 80, 64)},
         "1mbit": {"default": _p(50, 270, 640), "lean": _p(150, 80, 200)},  # waits more, but 5mbit binds first
     })
@@ -59,7 +59,7 @@ def test_headline_keys_and_their_ratios():
     assert out["lean_4w"]["path"] == "lean" and out["lean_4w"]["hosts"] == "4w2ps"
     assert out["lean_unshaped"] == pytest.approx(784 / 800)
     assert out["unshaped_over_default"] == pytest.approx(
-        {"bf16": 780 / 800, "hot_split": 760 / 800, "hot_stale": 790 / 800, "lean": 784 / 800})
+        {"bf16": 780 / 800, "int8": 780 / 800, "hot_split": 760 / 800, "hot_stale": 790 / 800, "lean": 784 / 800})
     # every path at every point carries its ratios against that point's default
     assert res["5mbit"]["hot_stale"]["speedup"] == pytest.approx(350 / 200)
     assert res["5mbit"]["bf16"]["bytes_ratio"] == pytest.approx(150 / 270)
@@ -104,12 +104,12 @@ def test_figures_of_a_window(monkeypatch):
 def test_the_default_sweep_and_the_full_one():
     s = sweep_from_env({})
     assert s.points == ("bridge", "rate=100mbit", "rate=5mbit")
-    assert list(s.paths) == ["default", "bf16", "hot_split", "hot_stale", "lean", "auto"]
+    assert list(s.paths) == ["default", "bf16", "int8", "hot_stale", "lean", "auto"]
     assert s.scale == (4, 2)
     full = sweep_from_env({FULL_ENV: "full"})
-    assert len(full.points) == 5 and {"per_table", "unfused"} <= set(full.paths)
+    assert len(full.points) == 5 and {"per_table", "unfused", "hot_split"} <= set(full.paths)
     lean = set(PATHS["lean"])  # all the options together (the baselines' float32 wire is not an option)
-    assert {s for name in ("bf16", "hot_stale") for s in PATHS[name] if s not in ("hot.budget=0", F32)} <= lean
+    assert {s for name in ("bf16", "int8", "hot_stale") for s in PATHS[name] if s not in ("hot.budget=0", F32)} <= lean
     assert F32 in PATHS["default"] and F32 not in lean  # the baseline: float32 whatever the default
 
 
@@ -117,12 +117,12 @@ def test_auto_is_judged_against_the_faster_of_split_on_and_off():
     from bench.network_summary import auto_choice
 
     res = _sweep()
-    res["bridge"]["auto"] = _p(775, 150, 40)  # chose off (bf16: 780); lean 784 is faster, within the noise
+    res["bridge"]["auto"] = _p(775, 150, 40)  # chose off (int8: 780); lean 784 is faster, within the noise
     res["5mbit"]["auto"] = _p(495, 80, 64)  # chose on: lean's 500
     out = auto_choice(res)
     assert out["over_faster"] == pytest.approx({"bridge": 775 / 784, "5mbit": 495 / 500})
     assert out["picks_faster"] is True
-    res["5mbit"]["auto"] = _p(300, 150, 100)  # chose off where on was faster
+    res["5mbit"]["auto"] = _p(330, 120, 90)  # chose off where on was faster
     assert auto_choice(res)["picks_faster"] is False
     assert auto_choice({"bridge": {"default": _p(1, 1, 1)}}) == {}
 

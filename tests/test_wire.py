@@ -10,7 +10,7 @@ import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
 
 from gmeta_tf.config.loader import load_config
-from gmeta_tf.config.schema import ConfigError, MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.config.schema import ClusterConfig, ConfigError, MetaConfig, ModelConfig, TrainConfig
 from gmeta_tf.embedding.collection import Embeddings
 from gmeta_tf.embedding.hot.sync import choose_mode, dense_cost, sparse_cost
 from gmeta_tf.embedding.naming import local_namespace
@@ -22,6 +22,7 @@ from gmeta_tf.meta.meta_step import TrainStep
 from gmeta_tf.meta.optimizers import make_optimizers
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.dense_sync import LocalSync, mean_on_wire
+from gmeta_tf.train.int8_wire import BLOCK, Residuals, dequantize, mean_int8, quantize
 
 BF16 = Wire("bfloat16")
 # bfloat16 keeps 8 significant bits: round to nearest is off by at most 2^-8 of the value; a
@@ -408,3 +409,86 @@ def test_hot_exchange_is_chosen_from_the_expected_touched_rows(tmp_path):
     assert touched["item"] < 3 and touched["city"] == pytest.approx(5, abs=1e-6)
     assert choose_mode(50, 4, bounds["item"], 4) == "dense"  # the old choice
     assert sync.modes == {"item": "sparse", "city": "dense", "tags": "dense"}
+
+
+# -- int8 dense gradients with error feedback (cluster.dense_compression) -----------------------
+def test_dense_compression_is_a_checked_config_key_and_refused_with_an_elastic_ring():
+    assert ClusterConfig().dense_compression == "none"
+    assert ClusterConfig(dense_compression="int8").dense_compression == "int8"
+    with pytest.raises(ConfigError, match="cluster.dense_compression"):
+        ClusterConfig(dense_compression="int4")
+    with pytest.raises(ConfigError, match="cluster.dense_compression"):
+        ClusterConfig(dense_compression="int8", elastic=True)
+
+
+def test_int8_round_trip_is_within_half_a_step_of_each_blocks_largest_value():
+    rng = np.random.default_rng(3)
+    w = 3 * BLOCK
+    x = (rng.standard_normal((2, w)) * np.repeat([[1e-6, 1.0, 0.0]], BLOCK, axis=1)).astype(np.float32)
+    x[1, :BLOCK] *= 1e4  # blocks of very different sizes: each keeps its own scale
+    packed = quantize(tf.constant(x))
+    assert packed.dtype == tf.int8 and packed.shape == (2, w + 3 * 4)  # 1 byte a value + 4 a block
+    got = dequantize(packed, w).numpy()
+    half_step = np.repeat(np.abs(x).reshape(2, 3, BLOCK).max(axis=2) / 254, BLOCK, axis=1)
+    assert np.all(np.abs(got - x) <= half_step * (1 + 1e-5))
+    assert np.all(got[:, 2 * BLOCK:] == 0)  # an all-zero block stays zero
+    assert np.any(got != x)  # it did round
+
+
+def _int8_means(n: int, steps):
+    """``mean_int8`` on ``n`` simulated ranks (threads), ``steps[t][r]`` = rank r's (grads, vote) at
+    step t, each rank keeping its residuals across steps as a worker does."""
+    ranks, out, errors = _Ranks(n), [[None] * n for _ in steps], []
+    residuals = [Residuals() for _ in range(n)]
+
+    def run(r):
+        try:
+            for t, step in enumerate(steps):
+                grads, vote = step[r]
+                means, votes = mean_int8([tf.constant(g) for g in grads], n, residuals[r], ranks.alltoall(r),
+                                         ranks.allgather(r), exact=[tf.constant(vote, tf.float32)])
+                out[t][r] = ([m.numpy() for m in means], votes[0].numpy())
+        except Exception as e:  # noqa: BLE001 (re-raised below, in the test's thread)
+            errors.append(e)
+            ranks.barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return ranks, out
+
+
+def test_int8_mean_gives_every_rank_the_same_bits_and_the_vote_exact():
+    n, rng = 3, np.random.default_rng(4)
+    shapes = [(40, 5), (7,), ()]  # 208 values: padded to whole blocks and whole slices
+    steps = [[([(rng.standard_normal(s) * 1e-3).astype(np.float32) for s in shapes], float(r == 0 and t == 1))
+              for r in range(n)] for t in range(3)]
+    ranks, out = _int8_means(n, steps)
+    assert ranks.dtypes == {tf.int8}
+    for t in range(3):
+        for r in range(1, n):
+            for a, b in zip(out[t][0][0], out[t][r][0]):
+                assert a.tobytes() == b.tobytes()  # identical replicas
+        # the vote arrives exact, and no rounding residue leaks into the next step's
+        assert [out[t][r][1] for r in range(n)] == [np.float32(1 / 3) if t == 1 else 0.0] * n
+    for k, shape in enumerate(shapes):  # the first step: two roundings of at most half a step each
+        want = np.mean([steps[0][r][0][k] for r in range(n)], axis=0)
+        assert out[0][0][0][k].shape == shape and out[0][0][0][k].dtype == np.float32
+        big = max(np.abs(steps[0][r][0][i]).max() for r in range(n) for i in range(len(shapes)))
+        assert np.max(np.abs(out[0][0][0][k] - want)) <= big / 127
+
+
+def test_int8_error_feedback_delivers_what_rounding_dropped_on_later_steps():
+    """A value under half a step beside its block's largest rounds to 0 every step on its own; with
+    error feedback its sum over the steps arrives within one rounding of the true sum."""
+    n, steps = 2, 60
+    g = np.full(BLOCK, 1e-3, np.float32)
+    g[0] = 1.0  # step 1/127: 1e-3 alone would round to 0
+    ranks, out = _int8_means(n, [[([g], 0.0) for _ in range(n)]] * steps)
+    sent = np.sum([out[t][0][0][0] for t in range(steps)], axis=0)
+    assert abs(sent[1] - steps * 1e-3) <= 2 / 127  # 0.06 true; without the feedback 0
+    assert abs(sent[0] - steps) <= 2 / 127
+    assert out[0][0][0][0][1] == 0.0  # the first step alone did round it away

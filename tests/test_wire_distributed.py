@@ -55,6 +55,10 @@ for dtype in ("float32", "bfloat16"):
         order = np.argsort(s.numpy())
         got[mode] = [s.numpy()[order].tolist(), g.numpy()[order].tolist()]
     out[dtype] = got
+# int8 dense gradients (cluster.dense_compression), the stop vote beside them: two steps, rank 0 voting in the 2nd
+sync = HorovodSync(hvd, Wire("bfloat16"), dense_compression="int8")
+mean = tf.function(lambda v: sync.allreduce_dense(grads, exact=[v]))
+out["int8"] = [[m.numpy().tolist() for m in mean(tf.constant(float(r == 0 and t == 1)))] for t in range(2)]
 open(sys.argv[1] + f"/rank{r}.json", "w").write(json.dumps(out))
 """
 
@@ -66,14 +70,18 @@ def test_real_collectives_carry_the_wire_and_every_rank_gets_the_same(tmp_path):
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
-    for dtype in ("float32", "bfloat16"):
+    for dtype in ("float32", "bfloat16", "int8"):
         assert ranks[0][dtype] == ranks[1][dtype], dtype  # identical replicas, bit for bit (JSON floats round-trip)
+    assert [step[-1] for step in ranks[0]["int8"]] == [0.0, 0.5]  # the vote exact, no residue the next step
     rel = lambda got, want: np.max(np.abs(np.subtract(got, want)) / np.abs(want))  # noqa: E731
     for k in range(3):
         want = (np.asarray(ranks[0]["grads"][k], np.float64) + np.asarray(ranks[1]["grads"][k], np.float64)) / 2
         assert rel(ranks[0]["float32"]["mean"][k], want) <= 1e-6
         assert rel(ranks[0]["bfloat16"]["mean"][k], want) <= TWICE
         assert np.any(np.asarray(ranks[0]["bfloat16"]["mean"][k]) != np.asarray(ranks[0]["float32"]["mean"][k]))
+        # int8 blocks: each of two roundings within half a step of the largest value (all in one block here)
+        big = max(np.abs(np.asarray(r["grads"][i], np.float64)).max() for r in ranks for i in range(3))
+        assert np.max(np.abs(np.subtract(ranks[0]["int8"][0][k], want))) <= big / 127
     # hot rows: the union of both ranks' slots (exact), each with the mean of its gradients
     want = {}
     for rank in ranks:
@@ -111,7 +119,9 @@ def test_ps_request_rows_and_gradients_cross_as_bfloat16(prepared_2500):
         assert fa[key][:2] == fb[key][:2], key
 
 
-def test_two_workers_on_a_bfloat16_wire_learn_and_stay_identical(prepared_2500, tmp_path):
+def test_two_workers_on_a_bfloat16_wire_with_int8_dense_gradients_learn_and_stay_identical(prepared_2500, tmp_path):
+    """The PS and hot-row paths in bfloat16, the dense gradients as int8 with error feedback
+    (``cluster.dense_compression``): every lossy path of the wire at once."""
     profile = tmp_path / "profile"
     profile.mkdir()
     write_profile(profile, profile_ids(prepared_2500), {"sample": 1.0})
@@ -119,7 +129,8 @@ def test_two_workers_on_a_bfloat16_wire_learn_and_stay_identical(prepared_2500, 
     args = ["launch", "local", "--workers", "2", "--ps", "1", "--timeout", "400",
             "--config", "configs/quickstart.yaml", "--data", str(prepared_2500), "--out", str(run),
             "--steps", str(STEPS), "--set", "train.log_every=1", "--set", f"train.checkpoint_every={STEPS}",
-            "--set", "cluster.wire_dtype=bfloat16", "--set", "hot.budget=64KiB",
+            "--set", "cluster.wire_dtype=bfloat16", "--set", "cluster.dense_compression=int8",
+            "--set", "hot.budget=64KiB",
             "--set", f"hot.profile={profile / 'id_profile.npz'}"]
     for s in TINY:
         args += ["--set", s]
@@ -127,7 +138,7 @@ def test_two_workers_on_a_bfloat16_wire_learn_and_stay_identical(prepared_2500, 
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     assert processes_with_env(LAUNCH_ID_ENV, launch_id) == []  # no orphans
     log = r.stdout
-    assert "wire bfloat16" in log
+    assert "wire bfloat16" in log and "dense gradients int8" in log
     exchange = next(line for line in log.splitlines() if "hot gradient exchange:" in line)
     assert " dense" in exchange and " sparse" in exchange, exchange  # both, each in bfloat16
 

@@ -103,10 +103,12 @@ def test_every_run_has_its_settings():
     assert load_config(None, run_sets("exact")).cluster.wire_dtype == "float32"
     hot = ["hot.budget=2MiB"]  # the datasets' own settings hold a hot tier
     lean, stale = load_config(None, [*hot, *run_sets("lean")]), load_config(None, [*hot, *run_sets("stale")])
-    assert (lean.cluster.wire_dtype, lean.model.hot_sync_every) == ("bfloat16", 4)
+    assert (lean.cluster.wire_dtype, lean.model.hot_sync_every, lean.cluster.dense_compression) == ("bfloat16", 4, "int8")
+    int8 = load_config(None, [*hot, *run_sets("int8")]).cluster
+    assert (int8.wire_dtype, int8.dense_compression) == ("float32", "int8")  # the option alone
     assert (stale.cluster.wire_dtype, stale.model.hot_sync_every) == ("float32", 4)
     assert "model.seed=1" in run_sets("exact_seed1")
-    assert set(OPTIONS) | set(FLOORS) == {"exact", "bf16", "stale", "lean", "exact_repeat", "exact_seed1"}
+    assert set(OPTIONS) | set(FLOORS) == {"exact", "bf16", "stale", "int8", "lean", "exact_repeat", "exact_seed1"}
 
 
 def test_make_bench_runs_the_guard_only_when_named():

@@ -139,7 +139,8 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.train.dense_sync import HorovodSync
 
-    sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype), elastic=cfg.cluster.elastic)
+    sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype), elastic=cfg.cluster.elastic,
+                              dense_compression=cfg.cluster.dense_compression)
     rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log
     gpu = pin_gpu(sync.local_rank)
     ps = ps_addresses(cfg)
@@ -155,6 +156,7 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
         if placement:
             check_tasks(placement, len(ps))
     rank_log(f"worker {sync.rank}/{sync.size}: {len(ps)} PS ({', '.join(ps) or 'local tables'}), "
-             f"device {gpu or 'CPU'}, wire {sync.wire.dtype}")
+             f"device {gpu or 'CPU'}, wire {sync.wire.dtype}"
+             + (", dense gradients int8" if sync.dense_compression == "int8" and sync.size > 1 else ""))
     return Runtime(sync=sync, ps_tasks=len(ps), namespace=JOB_NAMESPACE if ps else None,
                    placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps)

@@ -165,6 +165,8 @@ HOT_SPLIT = ("auto", True, False)
 HOT_SELECT = ("auto", "bytes", "count")
 # ``cluster.wire_dtype``'s values, checked here only (``ClusterConfig``); ``embedding/wire.py`` casts.
 WIRE_DTYPES = ("float32", "bfloat16")
+# ``cluster.dense_compression``'s values, checked here only; ``train/int8_wire.py`` encodes.
+DENSE_COMPRESSION = ("none", "int8")
 
 
 @dataclass
@@ -477,6 +479,11 @@ class ClusterConfig:
     # default since validation users could not tell it from float32 on either dataset (issue 41,
     # docs/network.md's quality guard); ``float32``: every value arrives as it left.
     wire_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    # The dense gradients' all-reduce only (gmeta_tf/train/int8_wire.py): ``int8`` sends each
+    # value as one byte with a float32 scale per 128 values, and feeds what rounding dropped into
+    # the next step (error feedback), a quarter of float32's bytes; ``none``: ``wire_dtype``.
+    # Opt-in: it changes the math (docs/network.md's quality guard says by how much).
+    dense_compression: Literal["none", "int8"] = "none"
     # Horovod Elastic (``gmeta launch local --elastic`` sets it): a lost worker rolls the others
     # back to their last commit (``train.elastic_commit_every``) and they go on as a smaller ring,
     # with no restart; a lost PS still restarts from the checkpoint (docs/fault_tolerance.md).
@@ -491,6 +498,11 @@ class ClusterConfig:
         _require(self.wire_dtype in WIRE_DTYPES, "cluster.wire_dtype",
                  f"must be one of {', '.join(WIRE_DTYPES)}, got {self.wire_dtype!r}")
         _require(isinstance(self.elastic, bool), "cluster.elastic", f"must be true or false, got {self.elastic!r}")
+        _require(self.dense_compression in DENSE_COMPRESSION, "cluster.dense_compression",
+                 f"must be one of {', '.join(DENSE_COMPRESSION)}, got {self.dense_compression!r}")
+        _require(not (self.elastic and self.dense_compression == "int8"), "cluster.dense_compression",
+                 "int8 keeps per-rank error-feedback residuals sized by the ring, which an elastic ring "
+                 "(cluster.elastic) resizes under the step; use none with --elastic")
         if self.link_rate is not None:
             _require(bit_rate(self.link_rate) is not None and bit_rate(self.link_rate) > 0, "cluster.link_rate",
                      f"expected a bit rate such as 1gbit or 100mbit (tc's units; not bytes), got {self.link_rate!r}")

@@ -244,7 +244,7 @@ class TrainStep:
         if self._program is not None:
             return self._apply_in_program(batch, hot_sync)
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
-        *dense_grads, votes = self.sync.allreduce([*dense_grads, self.stop_vote.read_value()])
+        *dense_grads, votes = self.sync.allreduce_dense(dense_grads, exact=[self.stop_vote.read_value()])
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
         done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads, hot_sync=hot_sync)
         return {"loss": loss, "stop": votes > 0.0}, done
