@@ -4,7 +4,10 @@
 use to find each other) and starts every rank with ``HOROVOD_*`` variables. A Kubernetes TFJob
 has no ``horovodrun``: worker 0 serves the rendezvous on a fixed port and every worker derives
 its variables from its index (``gmeta k8s entrypoint``); tests do the same on loopback. Ranks
-may start in any order: ``hvd.init()`` blocks until all of them have registered.
+may start in any order: ``hvd.init()`` blocks until all of them have registered, once it reaches
+the server. Before the server is up it does not wait (Horovod's store gives up after three
+refused connections 0.5 s apart and aborts the process), so every rank first waits for the
+server to accept connections (``gmeta_tf/cluster/worker.py::wait_for_rendezvous``).
 """
 from __future__ import annotations
 

@@ -210,3 +210,41 @@ def test_entrypoint_rejects_missing_or_bad_tf_config(tmp_path):
     assert r.returncode == 2 and "TF_CONFIG is not set" in r.stderr and "Traceback" not in r.stderr
     r = run_gmeta(["k8s", "entrypoint"], timeout=120, env={"TF_CONFIG": '{"cluster": {}, "task": {"type": "worker"}}'})
     assert r.returncode == 2 and "task.index" in r.stderr and "Traceback" not in r.stderr
+
+
+# A rank that reaches hvd.init() before worker 0 serves the rendezvous: a TFJob's pods start in any order.
+_EARLY_RANK = """
+import os, sys
+from gmeta_tf.cluster.worker import wait_for_rendezvous
+wait_for_rendezvous(dict(os.environ), 60)
+import horovod.tensorflow as hvd
+hvd.init()
+print("size", hvd.size(), flush=True)
+"""
+
+
+def test_a_rank_started_before_the_rendezvous_waits_for_it(tmp_path):
+    """Horovod's Gloo store gives up after three refused connections 0.5 s apart and aborts the
+    process (http_store.cc); the rank waits for worker 0's rendezvous instead (worker.py)."""
+    import subprocess
+
+    from launch.gloo_rendezvous import GlooRendezvous, rank_env
+
+    (port,) = free_ports(1)
+    env = {**os.environ, **rank_env(0, ["localhost"], "127.0.0.1", port, "lo")}
+    rank = subprocess.Popen([sys.executable, "-c", _EARLY_RANK], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    server = None
+    try:
+        time.sleep(8)  # the rank imports TF and reaches the rendezvous well before it is served
+        assert rank.poll() is None, rank.communicate()[1][-3000:]
+        server = GlooRendezvous(["localhost"], port, bind="127.0.0.1").start()
+        out, err = rank.communicate(timeout=120)
+        assert rank.returncode == 0, err[-3000:]
+        assert "size 1" in out
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.communicate()
+        if server is not None:
+            server.stop()

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
 
@@ -135,6 +136,7 @@ def _tfra_state(setup: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.integration  # two fresh Python processes import TensorFlow and TFRA (~10 s): not the unit loop
 def test_tfra_is_imported_without_keras3_and_ends_in_the_same_state():
     """TFRA 0.8.1 looks for the Keras 2 module ``keras.saving.saved_model``; Keras 3 has none, so a
     plain import loads all of Keras 3 (and scikit-learn) to fail (1.1 s of CPU in each PS and rank).

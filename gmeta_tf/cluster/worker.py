@@ -12,6 +12,9 @@ model, the meta step or the checkpoint code knows whether it is distributed.
   launch/emulated_hosts.py) names the address the PS can route to; unset, nothing changes.
 * A PS that cannot be reached within ``cluster.connect_timeout_s`` is a ``ClusterError`` naming
   its address, not a hang.
+* So is the Gloo rendezvous, waited for before ``hvd.init()`` (``wait_for_rendezvous``): Horovod's
+  store gives up after three connection attempts 0.5 s apart, so a rank that got there before
+  worker 0 served it (a TFJob's pods start in any order) aborted the process.
 """
 from __future__ import annotations
 
@@ -41,7 +44,10 @@ def is_distributed(cfg: Config) -> bool:
     return bool(ps_addresses(cfg)) or "HOROVOD_RANK" in os.environ
 
 
-def wait_reachable(addresses: List[str], timeout_s: float) -> None:
+def wait_reachable(addresses: List[str], timeout_s: float, role: str = "parameter server ps:{i}",
+                   hint: str = "is 'gmeta ps serve' running there?") -> None:
+    """Until each ``host:port`` accepts a connection; a ``ClusterError`` naming ``role`` (``{i}``:
+    its index) and the address once ``timeout_s`` has passed."""
     deadline = time.monotonic() + timeout_s
     for i, addr in enumerate(addresses):
         while True:
@@ -51,9 +57,22 @@ def wait_reachable(addresses: List[str], timeout_s: float) -> None:
             except OSError as e:
                 if time.monotonic() >= deadline:
                     raise ClusterError(
-                        f"parameter server ps:{i} at {addr} is not reachable after {timeout_s:.0f} s "
-                        f"({e.strerror or e}); is 'gmeta ps serve' running there?") from None
+                        f"{role.format(i=i)} at {addr} is not reachable after {timeout_s:.0f} s "
+                        f"({e.strerror or e}); {hint}") from None
                 time.sleep(0.5)
+
+
+RENDEZVOUS_ADDR_ENV, RENDEZVOUS_PORT_ENV = "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"
+
+
+def wait_for_rendezvous(env: Dict[str, str], timeout_s: float) -> None:
+    """Before ``hvd.init()``: until the Gloo rendezvous named in ``env`` accepts connections
+    (module docstring). Nothing to wait for without one (one process; horovodrun serves it
+    before it starts a rank, so there it returns at once)."""
+    addr, port = env.get(RENDEZVOUS_ADDR_ENV), env.get(RENDEZVOUS_PORT_ENV)
+    if addr and port:
+        wait_reachable([f"{addr}:{port}"], timeout_s, role="the Gloo rendezvous",
+                       hint="it is served by worker 0 (horovodrun, or rank 0's 'gmeta k8s entrypoint'): is it running?")
 
 
 def load_placement(path: Optional[str]) -> Optional[Dict[str, TablePlacement]]:
@@ -139,6 +158,7 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.train.dense_sync import HorovodSync
 
+    wait_for_rendezvous(dict(os.environ), cfg.cluster.connect_timeout_s)
     sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype), elastic=cfg.cluster.elastic,
                               dense_compression=cfg.cluster.dense_compression)
     rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log
