@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from bench.network_paths import HOT_BUDGET, measure_paths, measure_scale, profile_key, sweep_from_env
-from bench.network_summary import best_path, summarize, wait_point
+from bench.network_summary import scale_path, summarize, wait_point
 from launch.network.netns import EmulatedNetwork, list_namespaces
 from launch.network.probe import measure_rate
 from launch.network.profile import parse_profile
@@ -56,7 +56,10 @@ def measure_paths_section(work: Path, log=print) -> Dict:
     point = wait_point(res)
     if sweep.scale and point is not None:
         workers, ps = sweep.scale
-        best = best_path(res[point])
+        # ``auto`` where the sweep has it: it chooses the hot rows by bytes for the job's worker
+        # count, so it is the combination meant for a larger ring (the all-gather grows with it);
+        # the 2-worker best (``lean`` and ``auto`` are within noise there) keeps every hot row.
+        best = scale_path(res[point])
         profile = next(p for p in sweep.points if profile_key(p) == point)
         scale = measure_scale(data, work, profile, {"default": sweep.paths["default"], best: sweep.paths[best]},
                               workers, ps, log=log)

@@ -14,7 +14,7 @@ second, and changed without running a sweep. The inputs are ``{point: {path: fig
   a faster box still reports rather than failing;
 * ``lean_best``: the best path there (most tasks/s) against the default: ``speedup``,
   ``wait_share_default``, ``bytes_ratio``, and which path and point;
-* ``lean_4w``: the same two paths with more workers at the same point (``speedup``);
+* ``lean_4w``: the default and ``auto`` (``scale_path``) with more workers at the same point (``speedup``);
 * ``lean_unshaped``: ``lean`` over the default on the unshaped hosts (``bridge``), and
   ``unshaped_over_default`` each path's;
 * ``auto``: at each point, ``auto``'s tasks/s over the faster of its two choices there, the
@@ -60,6 +60,12 @@ def best_path(points: Dict[str, Dict]) -> str:
     """The path other than the default with the most tasks/s at one point."""
     tps = {n: p["tasks_per_s"] for n, p in points.items() if n != DEFAULT and isinstance(p, dict) and "tasks_per_s" in p}
     return max(tps, key=tps.get)
+
+
+def scale_path(points: Dict[str, Dict]) -> str:
+    """The path the larger ring runs beside the default: ``auto`` where it ran (its hot set is
+    chosen by bytes for the job's worker count), else the best path."""
+    return AUTO if isinstance(points.get(AUTO), dict) else best_path(points)
 
 
 def summarize(res: Dict[str, Dict], scale: Optional[Dict[str, Dict]] = None,

@@ -130,10 +130,14 @@ def bench_sharding(results: Dict) -> None:
 
 
 def bench_sharding_network(results: Dict) -> None:
+    from bench.sharding import calibrate_links
     from bench.sharding.network import measure
 
-    # The planner's placement against the best greedy one, trained on emulated 5 Mbit/s links.
-    results.setdefault("sharding", {})["network"] = measure(WORK / "sharding_network")
+    # `gmeta plan calibrate` on emulated links against loopback (does the link change the fit or
+    # the plan?), then the planner's placement against the best greedy one, trained on emulated
+    # 5 Mbit/s links.
+    calibration = calibrate_links.measure()
+    results.setdefault("sharding", {})["network"] = {**measure(WORK / "sharding_network"), "calibration": calibration}
 
 
 def bench_delivery(results: Dict) -> None:

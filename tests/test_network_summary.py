@@ -127,6 +127,15 @@ def test_auto_is_judged_against_the_faster_of_split_on_and_off():
     assert auto_choice({"bridge": {"default": _p(1, 1, 1)}}) == {}
 
 
+def test_the_larger_ring_runs_auto_where_the_sweep_has_it():
+    from bench.network_summary import scale_path
+
+    res = _sweep()
+    assert scale_path(res["5mbit"]) == "lean"  # no auto: the best path
+    res["5mbit"]["auto"] = _p(495, 80, 64)
+    assert scale_path(res["5mbit"]) == "auto"  # chooses its rows for the ring's worker count
+
+
 def test_the_auto_path_is_told_the_point_s_link_rate():
     assert network_paths._point_sets("rate=5mbit", PATHS["auto"])[-1] == "cluster.link_rate=5mbit"
     assert network_paths._point_sets("bridge", PATHS["auto"]) == PATHS["auto"]  # unshaped: no rate

@@ -154,3 +154,37 @@ def test_shard_set_features_equal_numpys_to_the_last_bit():
     assert [[set_features([pool[i] for i in s])[f] for f in TREE_FEATURES] for s in sets if s] == [w for w, s in zip(want, sets) if s]
     x = rng.uniform(0, 1e6, 300) * 10.0 ** rng.integers(-6, 6, 300)
     assert all(pairwise_sum(list(x[:k])) == float(x[:k].sum()) for k in range(301))
+
+
+@pytest.mark.integration  # a real PS and client on two emulated hosts
+@pytest.mark.skipif(__import__("launch.network.netns", fromlist=["x"]).missing_privilege() is not None,
+                    reason="emulated network: needs root or CAP_NET_ADMIN")
+def test_calibration_on_emulated_links_measures_across_them(monkeypatch):
+    """``gmeta plan calibrate --network``'s path: the PS on one emulated host, the client on
+    another. One set whose rows take ~60 ms a step on a 20 Mbit/s link: the client's wall time
+    grows by about that, the PS's CPU (what is fitted) stays the loopback figure's order."""
+    from gmeta_tf.calibration.calibrate import COST, measure_configs
+    from gmeta_tf.plan.access import expected_distinct, lookups_per_step
+    from gmeta_tf.plan.network import Link, row_payload_bytes
+    from tests.cluster_helpers import LAUNCH_ID_ENV, processes_with_env
+
+    monkeypatch.setenv(LAUNCH_ID_ENV, "calib-test-links")
+    shard = {"rows": 5000, "pooling": 4.0, "skew": [1.0] + [0.0] * 16}
+    config = {"dims": [16], "variants": [{"index": 0, "samples_per_step": 256, "seed": 0, "shards": [shard]}]}
+    loop = measure_configs([config], 1, 3, log=lambda m: None)[0]
+    links = measure_configs([config], 1, 3, log=lambda m: None, network="rate=20mbit")[0]
+    assert processes_with_env(LAUNCH_ID_ENV, "calib-test-links") == []  # PS and client are gone
+    rows = expected_distinct(5000, tuple(shard["skew"]), lookups_per_step(4.0, 256))
+    link_ms = Link(20_000_000).ms(rows * row_payload_bytes(16))
+    assert link_ms > 30
+    assert links["wall_ms"] > loop["wall_ms"] + 0.5 * link_ms, (loop, links, link_ms)
+    assert 0.5 < links[COST] / loop[COST] < 2.0, (loop, links)
+
+
+def test_calibrate_cli_names_a_bad_network_profile():
+    from click.testing import CliRunner
+
+    from gmeta_tf.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["plan", "calibrate", "--quick", "--network", "rate=20mbps"])
+    assert r.exit_code != 0 and "20mbps" in r.output and "Traceback" not in r.output

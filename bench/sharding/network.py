@@ -57,8 +57,10 @@ REPEATS = 2
 ZIPF = 1.2  # the network section's data
 MEM_PER_PS = 8 * 2**30  # ample: memory does not constrain these tables (a few MiB)
 PLAIN = "hot.budget=0"  # the plain PS path, the one the cost model describes
-# A run whose job fails is run once more (logged, and listed in ``failed_runs``): one of 12 runs
-# died in the workers' Gloo rendezvous ("HTTP GET request failed too many times") before step 1.
+# A run whose job fails is run once more (logged, and listed in ``failed_runs``). It was added
+# when one of 12 runs died in the workers' Gloo rendezvous ("HTTP GET request failed too many
+# times") before step 1; that cause is fixed (docs/startup.md, a rank now waits for the
+# rendezvous), so a listed failure is something else, worth reading.
 RETRIES = 1
 
 

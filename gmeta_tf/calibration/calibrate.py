@@ -13,6 +13,7 @@ by two PS and a PS never accumulates tables.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,12 +95,33 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
-               log: Callable[[str], None]) -> Dict[int, Dict]:
-    from launch.local_cluster import LocalCluster
+@contextlib.contextmanager
+def _ps_host(network: Optional[str]):
+    """Where the chunk's PS and client run: ``(cluster, client argv wrapper, client env)``. Loopback, or with
+    ``network`` (a ``--network`` profile: ``rate=100mbit``, ...) two emulated hosts, the PS on
+    ``ps0`` and the client on ``worker0``, every request crossing their shaped links
+    (launch/network/). The PS's CPU per step (``COST``) is what is fitted either way; the link
+    shows in ``wall_ms``."""
+    if network is None:
+        from launch.local_cluster import LocalCluster
 
-    cluster = LocalCluster(log=lambda m: None, grace_s=3.0)
-    with tempfile.TemporaryDirectory(prefix="gmeta-calib-") as tmp:
+        yield LocalCluster(log=lambda m: None, grace_s=3.0), list, {}
+        return
+    from gmeta_tf.cluster.worker import WORKER_ADDRESS_ENV
+    from launch.emulated_cluster import EmulatedCluster
+    from launch.emulated_hosts import host_names
+    from launch.network.netns import EmulatedNetwork
+    from launch.network.profile import parse_profile
+
+    with EmulatedNetwork(host_names(1, 1), parse_profile(network)) as net:
+        # the PS pulls the client's tensors from it: it must know an address it can route to
+        yield (EmulatedCluster(net, log=lambda m: None, grace_s=3.0), lambda argv: net.exec_argv("worker0", argv),
+               {WORKER_ADDRESS_ENV: net.address("worker0")})
+
+
+def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
+               log: Callable[[str], None], network: Optional[str] = None) -> Dict[int, Dict]:
+    with _ps_host(network) as (cluster, on_client_host, client_env), tempfile.TemporaryDirectory(prefix="gmeta-calib-") as tmp:
         job_path, out_path = os.path.join(tmp, "job.json"), os.path.join(tmp, "out.jsonl")
         client = None
         try:
@@ -111,9 +133,10 @@ def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,
                 json.dump({"ps": address, "ps_pid": cluster.ps_children()[0].proc.pid, "warmup": warmup,
                            "steps": steps, "min_seconds": MIN_SECONDS, "max_steps": MAX_STEPS, "passes": PASSES,
                            "configs": configs}, f)
-            client = subprocess.Popen([sys.executable, "-m", "gmeta_tf.calibration.measure", job_path, out_path],
+            client = subprocess.Popen(on_client_host([sys.executable, "-m", "gmeta_tf.calibration.measure", job_path,
+                                                      out_path]),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **client_env})
             try:
                 output, _ = client.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -159,7 +182,7 @@ def _capacity_bytes(config: Dict) -> float:
 
 
 def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[[str], None] = print,
-                    tables_per_ps: int = 160) -> Dict[int, Dict]:
+                    tables_per_ps: int = 160, network: Optional[str] = None) -> Dict[int, Dict]:
     """Run ``configs`` (``measure.py`` job format); ``{variant index: record}`` where a record
     has ``ps_cpu_ms`` and ``wall_ms`` per step.
 
@@ -185,7 +208,7 @@ def measure_configs(configs: List[Dict], warmup: int, steps: int, log: Callable[
         variants = sum(len(c["variants"]) for c in chunk)
         timeout = 120.0 + 4.0 * tables + PASSES * variants * (5.0 + 3.0 * (warmup + steps))
         t0 = time.perf_counter()
-        out.update(_run_chunk(chunk, warmup, steps, timeout, log))
+        out.update(_run_chunk(chunk, warmup, steps, timeout, log, network))
         log(f"[measure] PS run {i + 1}/{len(chunks)}: {len(chunk)} table sets, {tables} tables, "
             f"{time.perf_counter() - t0:.0f} s")
     return out
@@ -219,8 +242,11 @@ def measure_sets(sets: Sequence[Tuple[Sequence[Shard], int]], warmup: int = 1, s
 
 # -- calibrate = measure + fit ------------------------------------------------------------------
 def calibrate(ps_count: int = 1, quick: bool = False, seed: int = 0,
-              log: Callable[[str], None] = print, settings: Optional[Settings] = None) -> Dict:
+              log: Callable[[str], None] = print, settings: Optional[Settings] = None,
+              network: Optional[str] = None) -> Dict:
     """Measure random table sets on ``ps_count`` local PS processes (one at a time) and fit.
+    ``network``: on two emulated hosts joined by that profile's links (``_ps_host``), as on a
+    cluster whose links cost something; the document records it.
 
     Returns the cost-model document (``cost_model.save_model`` writes it).
     """
@@ -238,7 +264,7 @@ def calibrate(ps_count: int = 1, quick: bool = False, seed: int = 0,
         part = configs[p * per_ps:(p + 1) * per_ps]
         if part:
             log(f"[calibrate] PS {p + 1}/{ps_count}: {len(part)} table sets")
-            measured.update(measure_configs(part, s.warmup, s.steps, log))
+            measured.update(measure_configs(part, s.warmup, s.steps, log, network=network))
     rows = []
     for r in records:
         if r["index"] in measured:
@@ -249,5 +275,6 @@ def calibrate(ps_count: int = 1, quick: bool = False, seed: int = 0,
     doc = fit_document(rows, seed=seed)
     doc["cost"] = COST
     doc["calibration"] = {"ps": ps_count, "quick": quick, "seed": seed, "sets": len(rows),
-                          "seconds": round(time.perf_counter() - t0, 1), "host_cpus": os.cpu_count()}
+                          "seconds": round(time.perf_counter() - t0, 1), "host_cpus": os.cpu_count(),
+                          "network": network}
     return doc

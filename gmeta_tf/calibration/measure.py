@@ -36,8 +36,13 @@ DEFAULT_CAPACITY = 1 << 14  # rows a table is pre-sized for when the job gives n
 def _connect(address: str) -> None:
     import tensorflow as tf
 
-    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [address]}), job_name="calib",
-                                              make_master_device_default=False)
+    from gmeta_tf.cluster.worker import own_job
+
+    # GMETA_WORKER_ADDRESS (``calibrate --network``: the client on its own emulated host): the
+    # address the PS reaches this client at, instead of TF's ``localhost``
+    own = own_job(0)
+    tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [address], **own}),
+                                              job_name=next(iter(own), "calib"), make_master_device_default=False)
     with tf.device(PS_DEVICE):
         value = tf.constant(1) + 1
     int(value.numpy())

@@ -18,13 +18,22 @@ from gmeta_tf.cli.common import friendly_errors
               help="Model file to write (default: the package's shipped default model).")
 @click.option("--quick", is_flag=True, help="A few tiny table sets (~30 s): checks the path, not a usable model.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--network", default=None, metavar="PROFILE",
+              help="Run the PS and the client on two emulated hosts joined by this profile's links "
+                   "(as 'gmeta launch local --network': rate=100mbit, a named profile). Needs root or CAP_NET_ADMIN.")
 @friendly_errors
-def calibrate(ps_count: int, out, quick: bool, seed: int):
+def calibrate(ps_count: int, out, quick: bool, seed: int, network):
     """Measure PS lookup+update cost over random table sets and fit the cost model."""
     from gmeta_tf.calibration.calibrate import calibrate as run_calibration
     from gmeta_tf.plan.cost_model import DEFAULT_MODEL, load_cost_model, save_model
 
-    doc = run_calibration(ps_count, quick=quick, seed=seed, log=click.echo)
+    if network is not None:
+        from launch.network.netns import require_privilege
+        from launch.network.profile import parse_profile
+
+        parse_profile(network)  # a bad profile is named before anything starts
+        require_privilege()
+    doc = run_calibration(ps_count, quick=quick, seed=seed, log=click.echo, network=network)
     path = out or str(DEFAULT_MODEL)
     save_model(doc, path)
     model = load_cost_model(path)  # proves the file loads
