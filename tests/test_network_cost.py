@@ -182,3 +182,16 @@ def test_plan_cli_network_adds_link_time_and_names_it(synth_dir, tmp_path):
     r = CliRunner().invoke(cli, ["plan", "--data", str(data), "--ps", "2", "--out", str(tmp_path / "x.yaml"),
                                  "--network", "rate=20mbps"])
     assert r.exit_code != 0 and "20mbps" in r.output
+
+
+def test_the_link_term_counts_the_wire_s_value_bytes_but_a_column_block_s_float32():
+    """bfloat16 on the wire (the default) halves a row's values, not its key; a column block goes
+    TFRA's per-table path, float32 whatever the wire."""
+    base = load_cost_model(None)
+    whole = Shard("t", "table", 0, 1, 5000, 16, 2.0, (1.0,) + (0.0,) * (N_SKEW_BINS - 1))
+    column = Shard("t", "column", 0, 2, 5000, 16, 2.0, whole.skew)
+    f32 = with_network(base, 10**8, workers=2)
+    b16 = with_network(base, 10**8, workers=2, value_bytes=2)
+    ratio = b16.payloads([[whole]], 1024)[0] / f32.payloads([[whole]], 1024)[0]
+    assert ratio == pytest.approx((16 * 2 + 8) / (16 * 4 + 8))
+    assert b16.payloads([[column]], 1024) == f32.payloads([[column]], 1024)

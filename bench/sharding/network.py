@@ -83,16 +83,18 @@ class Arm:
 
 
 def plan_arms(tables, ps: int, workers: int, samples: int, rate_bit_s: Optional[int], slots: int, out_dir: Path,
-              mem_per_ps: int = MEM_PER_PS) -> Dict[str, Arm]:
+              mem_per_ps: int = MEM_PER_PS, value_bytes: int = 4) -> Dict[str, Arm]:
     """The three arms for ``tables`` on ``ps`` PS behind links of ``rate_bit_s``, their
-    placement files written under ``out_dir``. The model is ``gmeta plan --network``'s."""
+    placement files written under ``out_dir``. The model is ``gmeta plan --network``'s
+    (``value_bytes``: the trained job's wire, ``cluster.wire_dtype``)."""
     from gmeta_tf.plan.cost_model import load_cost_model
     from gmeta_tf.plan.network import with_network
     from gmeta_tf.plan.placement_file import write_placement
     from gmeta_tf.plan.planner import baseline_plans, make_plan
     from gmeta_tf.plan.shard_layouts import ShardLayout, shards_of
 
-    model = with_network(load_cost_model(None), rate_bit_s, workers=workers, optimizer_slots=slots)
+    model = with_network(load_cost_model(None), rate_bit_s, workers=workers, optimizer_slots=slots,
+                         value_bytes=value_bytes)
     kw = dict(cost_model=model, samples_per_step=samples, optimizer_slots=slots, seed=0)
     planner = make_plan(list(tables), ps, mem_per_ps, "planner", **kw)
     greedies = baseline_plans(list(tables), ps, mem_per_ps, **kw)
@@ -163,6 +165,7 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
     from bench.hot_split import _prepare
     from bench.network_paths import PER_WORKER_T, run_point
     from gmeta_tf.config.loader import load_config
+    from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.plan.planner import optimizer_slots_for, step_samples
     from gmeta_tf.plan.tables_from_data import tables_from_data
     from launch.network.profile import parse_profile
@@ -172,7 +175,7 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
     rate = parse_profile(point).rate_bit_s
     samples = step_samples(cfg.data, workers)
     arms = plan_arms(tables_from_data(data, cfg), ps, workers, samples, rate, optimizer_slots_for(cfg.train.embedding_optimizer),
-                     work / "sharding-network")
+                     work / "sharding-network", value_bytes=Wire(cfg.cluster.wire_dtype).value_bytes)
     for a in arms.values():
         log(f"[sharding_network] {a.name} ({a.algo}): predicted {a.predicted_ms:.1f} ms/step "
             f"(per PS {', '.join(f'{c:.1f}' for c in a.predicted_ps_ms)})")

@@ -93,6 +93,7 @@ def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, worke
     missing = [o for o, v in (("--data", data_dir), ("--ps", ps_count), ("--out", out)) if v is None]
     if missing:
         raise click.UsageError(f"missing option(s) {', '.join(missing)}")
+    from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.plan.cost_model import load_cost_model
     from gmeta_tf.plan.network import with_network
     from gmeta_tf.plan.placement_file import write_placement
@@ -103,7 +104,7 @@ def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, worke
     tables = tables_from_data(data_dir, cfg)
     slots = optimizer_slots_for(cfg.train.embedding_optimizer)
     model = with_network(load_cost_model(cost_model_path), _link_rate(network, cfg), workers=workers,
-                         optimizer_slots=slots)
+                         optimizer_slots=slots, value_bytes=Wire(cfg.cluster.wire_dtype).value_bytes)
     kw = dict(cost_model=model, samples_per_step=step_samples(cfg.data, workers), optimizer_slots=slots, seed=seed)
     plan = make_plan(tables, ps_count, mem_per_ps, algo, **kw)
     baselines = dict(plan.baselines) or {b: p.max_cost for b, p in baseline_plans(tables, ps_count, mem_per_ps,

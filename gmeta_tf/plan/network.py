@@ -14,7 +14,10 @@ the ``sharding_network`` bench counted 1.4-1.6x that on the PS links at 4 worker
 of this count: the skew histogram does not see that a user's samples share items and tags). So a
 shard's payload per step is
 
-    workers x distinct ids per worker x 2 x (dim x 4 + 8)   bytes (float32 values, int64 keys)
+    workers x distinct ids per worker x 2 x (dim x b + 8)   bytes (b-byte values, int64 keys)
+
+with ``b`` the wire's bytes a value (``cluster.wire_dtype``: 2 in bfloat16, the default; 4 in
+float32; a column block 4, as TFRA's per-table path sends float32 whatever the wire)
 
 and its link time ``WIRE_OVERHEAD x payload x 8 / rate`` with one worker; with two or more,
 half of that (``BUSIER_DIRECTION``: the busier direction of a full-duplex link). ``WIRE_OVERHEAD`` is measured wire
@@ -85,9 +88,12 @@ class NetworkCostModel:
     ``workers``: how many workers ``samples_per_step`` is shared by (each sends its own
     distinct ids); ``optimizer_slots``: what a column block's rows carry on TFRA's path."""
 
-    def __init__(self, base, link: Link, workers: int = 1, optimizer_slots: int = 2):
+    def __init__(self, base, link: Link, workers: int = 1, optimizer_slots: int = 2, value_bytes: int = VALUE_BYTES):
         self.base, self.link = base, link
         self.workers, self.optimizer_slots = max(1, int(workers)), int(optimizer_slots)
+        # ``cluster.wire_dtype``'s bytes a value on the default path (2: bfloat16, the default);
+        # a column block goes TFRA's per-table path, float32 whatever the wire
+        self.value_bytes = int(value_bytes)
         self.algo, self.error, self.source = base.algo, base.error, base.source
 
     def ps_cost(self, shards: Sequence[Shard], samples_per_step: int) -> float:
@@ -106,13 +112,14 @@ class NetworkCostModel:
         per_worker = max(1, int(samples_per_step) // self.workers)
         column = per_table_factor(self.optimizer_slots)
         return [float(sum(self.workers * shard_terms(s.rows, s.dim, s.pooling, s.skew, per_worker)[1]
-                          * row_payload_bytes(s.dim) * (column if s.kind == "column" else 1.0) for s in shards))
+                          * (row_payload_bytes(s.dim) * column if s.kind == "column"
+                             else row_payload_bytes(s.dim, self.value_bytes)) for s in shards))
                 for shards in shard_lists]
 
 
 def with_network(model, rate_bit_s: Optional[int], delay_s: float = 0.0, workers: int = 1,
-                 optimizer_slots: int = 2):
+                 optimizer_slots: int = 2, value_bytes: int = VALUE_BYTES):
     """``model`` itself where bytes are free (no rate, no delay), else wrapped with the term."""
     if not rate_bit_s and not delay_s:
         return model
-    return NetworkCostModel(model, Link(rate_bit_s, delay_s), workers, optimizer_slots)
+    return NetworkCostModel(model, Link(rate_bit_s, delay_s), workers, optimizer_slots, value_bytes)
