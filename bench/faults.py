@@ -20,7 +20,8 @@ Two real ``gmeta launch local`` jobs on the quickstart config, each hit once:
   the next logged step, so it includes the up to 10 steps trained after the rollback;
   ``elastic_steps_10_s``, the same rank's 10 steps between its records of steps 50 and 60 before
   the kill, is that share's order; ``elastic_worker_kill_restarts`` (0: the job was not
-  restarted) and ``elastic_ranks_at_end`` (1) come from ``train_summary.json``.
+  restarted) and ``elastic_ranks_at_end`` (1: ``cluster.elastic_cooldown_s: null`` keeps the lost
+  host out, so the ring does not grow back) come from ``train_summary.json``.
 * **Preemption**: SIGTERM to the launcher at about step 60 with no periodic checkpoint due; every
   rank checkpoints the agreed step and exits. ``preempt_checkpoint_s`` is that save (rank 0's
   report), ``preempt_exit_s`` the signal-to-exit time of the whole job, and the resumed job's
@@ -131,8 +132,10 @@ def measure_worker_kill(data: str, work: Path) -> Dict:
 def measure_elastic_worker_kill(data: str, work: Path) -> Dict:
     """Rank 1 killed under ``--elastic`` (module docstring): the survivor's way past the loss."""
     run = work / "elastic_worker_kill"
+    # cluster.elastic_cooldown_s null: the lost host stays out, so the ring ends at one (elastic_ranks_at_end)
     job = _Job(_argv(data, run, "--no-resume", "--elastic", "--set", "train.checkpoint_every=1000",
-                     "--set", "train.elastic_commit_every=10"), work / "elastic_worker_kill.log", run)
+                     "--set", "train.elastic_commit_every=10", "--set", "cluster.elastic_cooldown_s=null"),
+               work / "elastic_worker_kill.log", run)
     job.wait_until("rank 0 at step 50", lambda ranks: 0 in ranks and ranks[0].exit is None and ranks[0].step >= 50)
     at_50 = time.monotonic()
     job.wait_until("rank 0 at step 60", lambda ranks: ranks[0].exit is None and ranks[0].step >= 60)

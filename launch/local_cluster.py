@@ -47,7 +47,7 @@ from gmeta_tf.quiet import NOISE
 from gmeta_tf.stop_signals import StopSignals
 from gmeta_tf.train import rank_status
 from gmeta_tf.train.rank_status import STATUS_DIR_ENV, STOP_FILE, STOP_FILE_ENV, RankStatus, StopRequest
-from launch.elastic_hosts import horovodrun_args, host_list, this_machine_names
+from launch.elastic_hosts import horovodrun_args, this_machine_names, worker_hosts, write_discovery
 from launch.horovodrun import argv as hvd_launch_argv
 from launch.rank_agent import RANK_ARGV_ENV, agent_argv
 
@@ -106,11 +106,17 @@ class LocalCluster:
     keeps_ps_across_restarts = True
 
     def __init__(self, log: Callable[[str], None] = print, env: Optional[Dict[str, str]] = None,
-                 grace_s: float = 10.0, elastic: bool = False):
+                 grace_s: float = 10.0, elastic: bool = False, elastic_dir: Optional[str] = None,
+                 elastic_cooldown_s: Optional[List[int]] = None):
         self.log = log
         # Horovod Elastic (``--elastic``): a lost rank is the ring's to absorb, not a failure here.
+        # ``elastic_dir`` holds the ring's host discovery script and host file
+        # (``launch/elastic_hosts.py``); ``elastic_cooldown_s`` is ``cluster.elastic_cooldown_s``.
         self.elastic = elastic
-        self._lost_logged: List[int] = []
+        self.elastic_dir = elastic_dir
+        self.elastic_cooldown_s = elastic_cooldown_s
+        self._lost_logged: List[tuple] = []  # (rank, pid) of each lost rank said
+        self._joined_logged: List[int] = []  # pids of the workers said to have joined the ring
         self.launch_id = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex
         self.env = {**os.environ, **(env or {}), LAUNCH_ID_ENV: self.launch_id, "PYTHONUNBUFFERED": "1",
                     LAUNCHER_PID_ENV: str(os.getpid())}
@@ -189,7 +195,9 @@ class LocalCluster:
         """Run ``worker_argv`` as ``workers`` ranks under ``horovodrun`` to its end (``shown``: the
         command the log line names instead, when ``worker_argv`` wraps it)."""
         if self.elastic:
-            args = horovodrun_args(workers, host_list(workers, this_machine_names()))
+            hosts = worker_hosts(workers, this_machine_names())
+            directory = self.elastic_dir or os.path.join(self.status_dir or ".", "elastic")
+            args = horovodrun_args(workers, write_discovery(directory, hosts), self.elastic_cooldown_s)
         else:
             args = ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))  # what the line shows: the same run
@@ -282,6 +290,7 @@ class LocalCluster:
         lost = [r for r in records.values() if r.exit is not None and r.exit.reason in rank_status.SILENT_EXITS]
         if self.elastic:
             self._note_lost_elastic(lost)
+            self._note_joined_elastic(records)
             return
         if not lost:
             return
@@ -298,12 +307,35 @@ class LocalCluster:
 
     def _note_lost_elastic(self, lost: List[RankStatus]) -> None:
         """Under Horovod Elastic the survivors roll back to their last commit and go on as a
-        smaller ring: each lost rank is said once, and nobody is ended."""
+        smaller ring: each lost rank (process) is said once, and nobody is ended."""
         for r in lost:
-            if r.rank not in self._lost_logged:
-                self._lost_logged.append(r.rank)
+            if (r.rank, r.pid) not in self._lost_logged:
+                self._lost_logged.append((r.rank, r.pid))
                 self.log(f"[launch] worker rank {r.rank} {r.exit.message}: elastic, the other ranks go on "
                          f"without it from their last commit")
+
+    def _note_joined_elastic(self, records: Dict[int, RankStatus]) -> None:
+        """A worker horovodrun started on a returned host (``cluster.elastic_cooldown_s``) says in its
+        record the commit it joined the running ring at (``joined_step``, ``ring``); said once."""
+        for r in records.values():
+            if r.joined_step is not None and r.ring and r.pid not in self._joined_logged:
+                self._joined_logged.append(r.pid)
+                _, rank, size = r.ring[0]
+                self.log(f"[launch] a new worker (pid {r.pid}) joined the elastic ring as rank {rank} of {size} "
+                         f"at the commit of step {r.joined_step}: the ring grew back")
+
+    def elastic_outcome(self) -> Optional[str]:
+        """How an elastic ring that finished ended, from the ranks' records: the ring's size at the
+        end (the ranks that finished) and the workers lost and joined on the way."""
+        if not self.elastic:
+            return None
+        records = self.rank_records()
+        self._note_joined_elastic(records)
+        done = [r for r in records.values() if r.exit is not None and r.exit.reason is rank_status.ExitReason.DONE]
+        sizes = {r.ring[-1][2] for r in done if r.ring}
+        size = max(sizes) if sizes else len(done)
+        return (f"[launch] elastic: the ring finished with {size} rank(s); {len(self._lost_logged)} worker(s) lost, "
+                f"{len(self._joined_logged)} joined on a returned host")
 
     def tick(self) -> None:
         """Called every 0.1 s while the workers run (emulated clusters fire scheduled faults)."""

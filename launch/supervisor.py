@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from gmeta_tf import exit_codes
+from gmeta_tf.config.schema import ClusterConfig, check_elastic_cooldown
 from gmeta_tf.errors import ClusterError, JobFailed
 from gmeta_tf.stop_signals import StopSignals
 from gmeta_tf.train.rank_status import STATUS_DIR, ExitReason, RankExit, RankStatus
@@ -45,6 +46,9 @@ from launch.network.faults import parse_fault
 from launch.network.profile import format_rate, parse_profile
 
 __all__ = ["LaunchStopped", "RestartPolicy", "launch_local"]
+
+_COOLDOWN = ClusterConfig().elastic_cooldown_s
+_DEFAULT_COOLDOWN_S = None if _COOLDOWN is None else tuple(_COOLDOWN)  # cluster.elastic_cooldown_s's default
 
 
 @dataclass(frozen=True)
@@ -192,7 +196,8 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
                  timeout_s: Optional[float] = None, ps_ready_timeout_s: float = 120.0,
                  restarts: RestartPolicy = RestartPolicy(), grace_s: float = 25.0,
                  network: Optional[str] = None, network_faults: Sequence[str] = (),
-                 run_dir: Optional[str] = None, elastic: bool = False) -> int:
+                 run_dir: Optional[str] = None, elastic: bool = False,
+                 elastic_cooldown_s: Optional[Sequence[int]] = _DEFAULT_COOLDOWN_S) -> int:
     """Start ``ps`` PS tasks and ``workers`` workers running ``gmeta train train_argv``,
     restarting the whole cluster up to ``restarts.max_restarts`` times. ``network`` (a
     ``--network`` profile) other than loopback puts every process on an emulated host
@@ -200,6 +205,8 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     ``run_dir`` is the ranks' ``--out`` (read from ``train_argv`` when not given). ``elastic``:
     the workers run as a Horovod Elastic ring (``cluster.elastic``; ``launch/elastic_hosts.py``):
     a lost worker is absorbed by the others with no restart; a lost PS restarts as without it.
+    ``elastic_cooldown_s`` (``cluster.elastic_cooldown_s``): how long a lost worker's host stays
+    out of the ring before horovodrun starts a new worker there (None: it never returns).
 
     Returns 0 on success, or the exit code of the stop signal the launcher was sent; raises
     ``JobFailed`` naming every failed rank / PS otherwise, with its first cause's exit code.
@@ -215,11 +222,15 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     run_dir = run_dir or _run_dir_of(train_argv)
     if elastic:
         _check_elastic(workers, profile.emulated)
+        check_elastic_cooldown(elastic_cooldown_s)
         train_argv = [*train_argv, "--set", "cluster.elastic=true"]
     if not profile.emulated:
         with _status_dir(run_dir) as status:
-            return _supervise(lambda env: LocalCluster(log=log, env=env, elastic=elastic), workers, ps, train_argv,
-                              log, timeout_s, ps_ready_timeout_s, restarts, grace_s, status)
+            def local(env):
+                return LocalCluster(log=log, env=env, elastic=elastic, elastic_dir=_elastic_dir(run_dir, status),
+                                    elastic_cooldown_s=None if elastic_cooldown_s is None else list(elastic_cooldown_s))
+            return _supervise(local, workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s,
+                              status)
     if "--no-resume" in train_argv:
         raise ClusterError("--no-resume cannot be honoured with --network: each emulated host runs the TFJob "
                            "entrypoint, which always resumes (a restarted pod continues its job); start from "
@@ -240,6 +251,14 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
                                f"(hosts: {', '.join(net.hosts)})")
         return _supervise(lambda env: EmulatedCluster(net, log=log, env=env, faults=faults),
                           workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s, status)
+
+
+def _elastic_dir(run_dir: str, status: str) -> str:
+    """Where the elastic ring's host discovery script and host file go: ``elastic/`` of a local run
+    directory, else under this launch's own status directory."""
+    if "://" not in run_dir or run_dir.startswith("file://"):
+        return os.path.join(os.path.dirname(status), "elastic")
+    return os.path.join(status, "elastic")
 
 
 def _check_elastic(workers: int, emulated: bool) -> None:
@@ -304,6 +323,9 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
                     log(f"[launch] stopped by {exit_codes.signal_name(signals.first)}: {outcome}")
                     return exit_codes.signal_exit(signals.first)
                 if failure is None:
+                    outcome = cluster.elastic_outcome() if cluster is not None else None
+                    if outcome:
+                        log(outcome)
                     return 0
                 if failure.timed_out or len(history) >= restarts.max_restarts:
                     raise JobFailed("launch failed: " + "; ".join(failure.problems)

@@ -12,7 +12,7 @@ from gmeta_tf.config.loader import load_config
 from gmeta_tf.config.schema import ConfigError
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.train import rank_status
-from launch.elastic_hosts import horovodrun_args, host_list, local_names
+from launch.elastic_hosts import horovodrun_args, host_list, local_names, write_discovery
 from launch.local_cluster import LocalCluster
 from launch.supervisor import _failure, launch_local
 
@@ -34,12 +34,45 @@ def test_host_list_gives_each_worker_a_host_of_its_own():
 
 
 @pytest.mark.fast
-def test_horovodrun_args_make_an_elastic_ring_that_may_shrink_to_one():
-    args = horovodrun_args(3, "a:1,b:1,c:1")
+def test_horovodrun_args_make_an_elastic_ring_that_may_shrink_to_one_and_grow_back(tmp_path):
+    script = str(tmp_path / "discover_hosts.sh")
+    args = horovodrun_args(3, script, [1, 10])
     assert args[args.index("--min-np") + 1] == "1" and args[args.index("--max-np") + 1] == "3"
-    assert args[args.index("-np") + 1] == "3" and args[args.index("-H") + 1] == "a:1,b:1,c:1"
-    assert args[args.index("--network-interfaces") + 1] == "lo" and "--gloo" in args
-    assert "--blacklist-cooldown-range" not in args  # a lost worker's host never comes back
+    assert args[args.index("-np") + 1] == "3" and args[args.index("--host-discovery-script") + 1] == script
+    at = args.index("--blacklist-cooldown-range")
+    assert args[at + 1:at + 3] == ["1", "10"]  # a lost worker's host returns after its cool-down
+    assert args[args.index("--network-interfaces") + 1] == "lo" and "--gloo" in args and "-H" not in args
+    assert "--blacklist-cooldown-range" not in horovodrun_args(3, script, None)  # null: it never returns
+
+
+@pytest.mark.fast
+def test_the_discovery_script_prints_one_slot_per_host_from_the_file_beside_it(tmp_path):
+    import subprocess
+
+    script = write_discovery(str(tmp_path / "elastic"), ["localhost", "127.0.0.1"])
+    assert os.access(script, os.X_OK) and os.path.dirname(script) == str(tmp_path / "elastic")
+    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "localhost:1\n127.0.0.1:1\n"
+    write_discovery(str(tmp_path / "elastic"), ["localhost"])  # the launcher may change the hosts it lists
+    assert subprocess.run([script], capture_output=True, text=True, check=True).stdout == "localhost:1\n"
+
+
+@pytest.mark.parametrize("value", ["[0,5]", "[5,2]", "[1]", "[1,2,3]", "[1,3601]", "[true,2]", "[1.5,2]", "5"])
+def test_elastic_cooldown_must_be_min_max_whole_seconds_within_horovods_bounds(value):
+    with pytest.raises(ConfigError, match=r"config key 'cluster.elastic_cooldown_s'"):
+        load_config(None, [f"cluster.elastic_cooldown_s={value}"])
+
+
+def test_elastic_cooldown_defaults_to_a_few_seconds_and_null_means_never():
+    assert load_config(None, []).cluster.elastic_cooldown_s == [1, 10]
+    assert load_config(None, ["cluster.elastic_cooldown_s=[2,4]"]).cluster.elastic_cooldown_s == [2, 4]
+    assert load_config(None, ["cluster.elastic_cooldown_s=null"]).cluster.elastic_cooldown_s is None
+
+
+def test_launch_local_refuses_a_bad_cooldown_by_its_key_before_anything_starts(tmp_path):
+    with pytest.raises(ConfigError, match=r"config key 'cluster.elastic_cooldown_s'"):
+        launch_local(2, 1, ["--out", str(tmp_path / "run")], elastic=True, elastic_cooldown_s=[0, 3],
+                     log=lambda m: None)
+    assert not os.listdir(tmp_path)
 
 
 @pytest.mark.parametrize("sets, names", [
@@ -151,3 +184,76 @@ def test_an_elastic_config_needs_ranks_an_elastic_horovodrun_started():
                                           r"horovodrun .*HOROVOD_ELASTIC is not 1"):
         require_elastic_ring({"HOROVOD_RANK": "0"})
     require_elastic_ring({"HOROVOD_ELASTIC": "1"})
+
+
+def test_a_commit_carries_rank_0s_start_and_end_to_every_rank():
+    import tensorflow as tf
+
+    from gmeta_tf.train.elastic import DenseCommit
+
+    state = DenseCommit(_OneRank(), [tf.Variable(1.0)], step=30, start=0, end=60)
+    state.commit_step(40)
+    state.step = 41
+    state.restore()
+    assert (state.step, state.start, state.end) == (40, 0, 60)
+
+
+def test_the_start_gate_lets_rank_0_go_first_without_a_collective(tmp_path):
+    """What replaces the start-up barriers of an elastic ring: rank 0 works, then opens the gate;
+    another rank (a joiner of a running ring included) waits for it, then works."""
+    import threading
+
+    from gmeta_tf.train.elastic import StartGate, start_gate
+
+    gate = start_gate({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321"},
+                      str(tmp_path))
+    order = []
+    other = threading.Thread(target=lambda: gate.rank0_first(1, "tables-created", lambda: order.append(1)))
+    other.start()
+    other.join(0.3)
+    assert other.is_alive() and order == []  # rank 1 waits for rank 0
+    assert gate.rank0_first(0, "tables-created", lambda: order.append(0) or "built") == "built"
+    other.join(10)
+    assert order == [0, 1]
+    assert gate.rank0_first(1, "tables-created", lambda: "joined") == "joined"  # already open: no wait
+    # another horovodrun job (another rendezvous port) never passes an earlier job's gate
+    later = StartGate(str(tmp_path), "127.0.0.1-9999", timeout_s=0.2)
+    with pytest.raises(ClusterError, match="did not open the start gate 'tables-created'"):
+        later.rank0_first(1, "tables-created", lambda: None)
+    # a rank 0 that exited while starting (its record, newer than this process) fails the wait at once
+    rank_status.write(str(tmp_path), rank_status.RankStatus(0, 99, rank_status.Phase.EXITED, updated_unix=2000.0,
+                                                            exit=rank_status.exit_from_code(2)))
+    failed = StartGate(str(tmp_path), "127.0.0.1-8888", timeout_s=60, since_unix=1000.0)
+    with pytest.raises(ClusterError, match="rank 0 exited before opening the start gate 'ps-connected'"):
+        failed.rank0_first(1, "ps-connected", lambda: None)
+    stale = StartGate(str(tmp_path), "127.0.0.1-8888", timeout_s=0.2, since_unix=3000.0)  # an earlier run's record
+    with pytest.raises(ClusterError, match="did not open the start gate"):
+        stale.rank0_first(1, "ps-connected", lambda: None)
+    rank_status.clear(str(tmp_path))  # the launcher clears the gates with the records
+    assert not os.listdir(tmp_path)
+    with pytest.raises(ConfigError, match="config key 'cluster.elastic'"):
+        start_gate({}, None)
+
+
+def test_the_launcher_says_a_worker_joined_the_ring_from_its_record(tmp_path):
+    status = str(tmp_path / "status")
+    rank_status.record_exit(status, 1, 4242, -9)  # rank 1 killed
+    logged = []
+    cluster = LocalCluster(log=logged.append, elastic=True)
+    cluster.watch_stops(None, 1.0, status)
+    cluster._end_survivors_of_a_lost_rank()
+    # a new worker on the returned host: its record replaces the lost one's, and says where it joined
+    rank_status.write(status, rank_status.RankStatus(rank=1, pid=5151, phase=rank_status.Phase.TRAINING, step=30,
+                                                     ring=[[30, 1, 2]], joined_step=30))
+    rank_status.write(status, rank_status.RankStatus(rank=0, pid=4141, phase=rank_status.Phase.TRAINING, step=30,
+                                                     ring=[[0, 0, 2], [20, 0, 1], [30, 0, 2]]))
+    cluster._end_survivors_of_a_lost_rank()
+    cluster._end_survivors_of_a_lost_rank()  # said once
+    assert logged[1:] == ["[launch] a new worker (pid 5151) joined the elastic ring as rank 1 of 2 at the commit "
+                          "of step 30: the ring grew back"], logged
+    for rank, pid, ring in ((0, 4141, [[0, 0, 2], [20, 0, 1], [30, 0, 2]]), (1, 5151, [[30, 1, 2]])):
+        done = rank_status.RankExit(rank_status.ExitReason.DONE, 0, "trained to step 60")
+        rank_status.write(status, rank_status.RankStatus(rank=rank, pid=pid, phase=rank_status.Phase.EXITED, ring=ring,
+                                                         joined_step=30 if rank else None, exit=done))
+    assert cluster.elastic_outcome() == ("[launch] elastic: the ring finished with 2 rank(s); 1 worker(s) lost, "
+                                         "1 joined on a returned host")

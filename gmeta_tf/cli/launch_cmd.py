@@ -33,8 +33,9 @@ def launch():
                    "worker1:loss=0.02@10, worker0:rate=10mbit@30. Repeatable.")
 @click.option("--elastic", is_flag=True, default=False,
               help="Run the workers as a Horovod Elastic ring (cluster.elastic): a lost worker rolls the others "
-                   "back to their last commit (train.elastic_commit_every) and they go on, with no restart; a lost "
-                   "PS still restarts from the checkpoint (docs/fault_tolerance.md).")
+                   "back to their last commit (train.elastic_commit_every) and they go on, with no restart; after "
+                   "cluster.elastic_cooldown_s a new worker starts on the lost one's host and the ring grows back; "
+                   "a lost PS still restarts from the checkpoint (docs/fault_tolerance.md).")
 @train_options(with_ps=False)
 @friendly_errors
 def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, network_faults, elastic, config_path,
@@ -61,7 +62,8 @@ def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, networ
     try:
         code = launch_local(workers, ps_count, argv, log=lambda m: click.echo(m), timeout_s=timeout_s,
                             restarts=RestartPolicy(max_restarts, backoff_s), grace_s=cfg.train.preemption_grace_s,
-                            network=network, network_faults=network_faults, run_dir=run_dir, elastic=elastic)
+                            network=network, network_faults=network_faults, run_dir=run_dir, elastic=elastic,
+                            elastic_cooldown_s=cfg.cluster.elastic_cooldown_s)
     except LaunchStopped as e:
         sys.exit(signal_exit(e.signum))
     if code:

@@ -45,8 +45,9 @@ def run_training(cfg, run_dir, resume, warm_start=None):
     from gmeta_tf.train.rank_life import rank_life
     from gmeta_tf.train.trainer import train as run_train
 
-    with rank_life(cfg, run_dir, log=lambda m: click.echo(m)):
-        rt = worker_runtime(cfg, log=lambda m: click.echo(m)) if is_distributed(cfg) else None
+    with rank_life(cfg, run_dir, log=lambda m: click.echo(m)) as watch:
+        rt = (worker_runtime(cfg, log=lambda m: click.echo(m), status_dir=watch.status.directory)
+              if is_distributed(cfg) else None)
         return run_train(cfg, run_dir, rt, resume=resume, warm_start=warm_start), rt
 
 

@@ -115,7 +115,7 @@ def own_job(rank: int, env: Optional[Dict[str, str]] = None) -> Dict[str, List[s
     return {f"worker{rank}": [f"{host}:{port}"]}
 
 
-def connect_rank0_first(ps: List[str], sync) -> None:
+def connect_rank0_first(ps: List[str], sync, gate=None) -> None:
     """Open this rank's eager context on every PS: rank 0 alone, then every other rank at once.
 
     Why rank 0 first (docs/startup.md): in TF 2.16, ``EagerServiceImpl::CreateContext`` on a PS
@@ -126,6 +126,8 @@ def connect_rank0_first(ps: List[str], sync) -> None:
     (``GetOrCreateKernelAndDevice`` → ``FindOrCreate`` on the freed manager) kills the PS with
     SIGSEGV. Once one context exists on a PS no later one replaces the manager, so after one
     barrier the other ranks connect together: two phases, whatever the number of workers.
+    ``gate`` (an elastic ring, ``train/elastic.py``'s ``StartGate``) replaces the barrier: a worker
+    joining a running ring must do no collective before the ring's ``run_fn``.
     """
     import tensorflow as tf
 
@@ -134,6 +136,9 @@ def connect_rank0_first(ps: List[str], sync) -> None:
             tf.train.ClusterSpec({"ps": ps, **own_job(sync.rank)}), job_name=f"worker{sync.rank}", make_master_device_default=False)
         _touch_every_ps(len(ps))  # returns once this rank's context exists on every PS
 
+    if gate is not None:
+        gate.rank0_first(sync.rank, "ps-connected", connect)
+        return
     if sync.rank == 0:
         connect()
     sync.barrier()
@@ -154,10 +159,17 @@ def pin_gpu(local_rank: int) -> Optional[str]:
     return gpu.name
 
 
-def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
+def worker_runtime(cfg: Config, log: Callable[[str], None] = print, status_dir: Optional[str] = None):
+    """This rank's ``Runtime``. ``status_dir``: the rank's status directory, where an elastic ring
+    (``cluster.elastic``) keeps its start-up gates (``train/elastic.py``)."""
     from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.train.dense_sync import HorovodSync
 
+    gate = None
+    if cfg.cluster.elastic:
+        from gmeta_tf.train.elastic import start_gate
+
+        gate = start_gate(os.environ, status_dir)
     wait_for_rendezvous(dict(os.environ), cfg.cluster.connect_timeout_s)
     sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype), elastic=cfg.cluster.elastic,
                               dense_compression=cfg.cluster.dense_compression)
@@ -172,11 +184,11 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print):
     placement = load_placement(cfg.cluster.placement)
     if ps:
         wait_reachable(ps, cfg.cluster.connect_timeout_s)
-        connect_rank0_first(ps, sync)
+        connect_rank0_first(ps, sync, gate)
         if placement:
             check_tasks(placement, len(ps))
     rank_log(f"worker {sync.rank}/{sync.size}: {len(ps)} PS ({', '.join(ps) or 'local tables'}), "
              f"device {gpu or 'CPU'}, wire {sync.wire.dtype}"
              + (", dense gradients int8" if sync.dense_compression == "int8" and sync.size > 1 else ""))
     return Runtime(sync=sync, ps_tasks=len(ps), namespace=JOB_NAMESPACE if ps else None,
-                   placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps)
+                   placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps, start_gate=gate)

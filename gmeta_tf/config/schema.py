@@ -457,6 +457,25 @@ class EvalConfig:
                  f"must be in (0, 1), e.g. 0.95, got {self.bootstrap_confidence}")
 
 
+# Horovod's own bounds on ``--blacklist-cooldown-range`` (horovod/runner/elastic/discovery.py).
+ELASTIC_COOLDOWN_BOUNDS_S = (1, 3600)
+
+
+def check_elastic_cooldown(value) -> None:
+    """``cluster.elastic_cooldown_s``: null, or [MIN, MAX] whole seconds within Horovod's bounds.
+    Checked here, not left to horovodrun: horovodrun would refuse it only once the PS are up, in
+    a traceback that names its own flag, not the key."""
+    if value is None:
+        return
+    lo, hi = ELASTIC_COOLDOWN_BOUNDS_S
+    ok = (isinstance(value, (list, tuple)) and len(value) == 2
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+          and lo <= value[0] <= value[1] <= hi)
+    _require(ok, "cluster.elastic_cooldown_s",
+             f"must be [MIN, MAX] whole seconds with {lo} <= MIN <= MAX <= {hi} (horovodrun's "
+             f"--blacklist-cooldown-range), or null for a lost host never to return; got {value!r}")
+
+
 @dataclass
 class ClusterConfig:
     """Parameter servers. Empty ``ps`` = the embedded default (local tables, one process)."""
@@ -488,6 +507,11 @@ class ClusterConfig:
     # back to their last commit (``train.elastic_commit_every``) and they go on as a smaller ring,
     # with no restart; a lost PS still restarts from the checkpoint (docs/fault_tolerance.md).
     elastic: bool = False
+    # With ``cluster.elastic``: horovodrun's ``--blacklist-cooldown-range MIN MAX`` (seconds). A
+    # lost worker's host is left out of the ring for a cool-down that starts near ``2 * MIN`` and
+    # doubles at each further loss of that host, capped at ``MAX``; then horovodrun starts a new
+    # worker there and the ring re-grows at its next commit. null: a lost host never returns.
+    elastic_cooldown_s: Optional[List[int]] = field(default_factory=lambda: [1, 10])
 
     @property
     def link_rate_bit_s(self) -> Optional[int]:
@@ -503,6 +527,7 @@ class ClusterConfig:
         _require(not (self.elastic and self.dense_compression == "int8"), "cluster.dense_compression",
                  "int8 keeps per-rank error-feedback residuals sized by the ring, which an elastic ring "
                  "(cluster.elastic) resizes under the step; use none with --elastic")
+        check_elastic_cooldown(self.elastic_cooldown_s)
         if self.link_rate is not None:
             _require(bit_rate(self.link_rate) is not None and bit_rate(self.link_rate) > 0, "cluster.link_rate",
                      f"expected a bit rate such as 1gbit or 100mbit (tc's units; not bytes), got {self.link_rate!r}")

@@ -18,19 +18,42 @@ last commit, leaves the ring and joins the one the driver re-forms without the l
 
 After a reset the ring is smaller: the loop (``trainer._loop``) re-reads rank and size, and each
 rank reads shard ``rank`` of ``size`` of the training files from the committed step's batch on.
+
+**Re-growing** (``cluster.elastic_cooldown_s``): once a lost worker's host has cooled down,
+horovodrun's driver tells rank 0, rank 0's next commit raises ``HostsUpdatedInterrupt`` on every
+rank, they re-form and the driver starts a new worker on that host. Horovod's contract for such a
+joiner (``horovod/tensorflow/elastic.py``'s ``run``): no collective before ``run_fn``, or it meets
+the others' ``state.sync()`` and both hang. So with ``cluster.elastic`` the start-up does none, for
+every rank alike (a process cannot tell whether it starts a ring or joins one): rank 0 goes first
+through ``StartGate`` (files, not a barrier) where it must (the first eager context on each PS, the
+tables' creation), rank 0 alone restores, and ``DenseCommit.sync`` (the first thing ``run_fn`` does)
+hands everyone rank 0's dense weights, optimizer state, step, start and end.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Mapping, Sequence
+import json
+import os
+import re
+import time
+from typing import Callable, List, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from gmeta_tf.atomic_file import replace_file
 from gmeta_tf.config.schema import ConfigError
+from gmeta_tf.errors import ClusterError
+from gmeta_tf.process import process_start_unix
+from gmeta_tf.train.rank_status import START_GATE_PREFIX
+from gmeta_tf.train.rank_status import read as read_status
 
 ELASTIC_ENV = "HOROVOD_ELASTIC"  # "1" on every rank an elastic horovodrun starts (horovod/runner/gloo_run.py)
+# The driver's rendezvous server, the same for every worker one horovodrun starts, joiners included.
+RENDEZVOUS_ENV = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT")
+START_GATE_TIMEOUT_S = 600.0  # Horovod's own elastic time-out (HOROVOD_ELASTIC_TIMEOUT's default)
+T = TypeVar("T")
 
 
 def require_elastic_ring(env: Mapping[str, str]) -> None:
@@ -43,16 +66,73 @@ def require_elastic_ring(env: Mapping[str, str]) -> None:
                           f"--host-discovery-script); this process was not ({ELASTIC_ENV} is not 1)")
 
 
+class StartGate:
+    """"Rank 0 first" for an elastic ring's start-up, without a collective.
+
+    Why not ``sync.barrier()``: a worker that joins a running ring (``cluster.elastic_cooldown_s``)
+    must do no collective outside ``run_fn`` (module docstring), and a process cannot tell whether
+    it starts a ring or joins one. Rank 0 writes a gate file once its part is done; the others
+    wait for the file, a joiner finds it there and goes on at once (Horovod keeps rank 0 on a host
+    of the ring before, ``ElasticDriver._update_host_assignments``, so a joiner is never rank 0).
+    The gates live in the ranks' status directory (the launcher clears them with the records) and
+    are named after the horovodrun job (its rendezvous server's address and port), so a gate of an
+    earlier job, whose PS may have been new, never lets a rank pass early."""
+
+    def __init__(self, directory: str, job: str, timeout_s: float = START_GATE_TIMEOUT_S, poll_s: float = 0.05,
+                 since_unix: Optional[float] = None):
+        self.directory, self.job, self.timeout_s, self.poll_s = directory, job, timeout_s, poll_s
+        # A rank 0 that exits before opening a gate (an unreachable PS, a bad input) leaves no
+        # collective to fail in: its status record, written after this process started, says so.
+        self.since_unix = process_start_unix() if since_unix is None else since_unix
+
+    def path(self, gate: str) -> str:
+        return os.path.join(self.directory, f"{START_GATE_PREFIX}{self.job}.{gate}")
+
+    def rank0_first(self, rank: int, gate: str, work: Callable[[], T]) -> T:
+        """``work()`` on rank 0, then the gate opens; on every other rank ``work()`` once it is open."""
+        if rank == 0:
+            out = work()
+            os.makedirs(self.directory, exist_ok=True)
+            replace_file(self.path(gate), json.dumps({"pid": os.getpid(), "at_unix": time.time()}))
+            return out
+        self.wait(gate)
+        return work()
+
+    def wait(self, gate: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not os.path.exists(self.path(gate)):
+            leader = read_status(self.directory, 0)
+            if leader is not None and leader.exit is not None and leader.updated_unix >= self.since_unix:
+                raise ClusterError(f"elastic start-up: rank 0 exited before opening the start gate '{gate}' "
+                                   f"({leader.exit.message})")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"elastic start-up: rank 0 did not open the start gate '{gate}' ({self.path(gate)}) "
+                                   f"within {self.timeout_s:.0f} s; did rank 0 fail while starting?")
+            time.sleep(self.poll_s)
+
+
+def start_gate(env: Mapping[str, str], directory: Optional[str]) -> StartGate:
+    """This horovodrun job's ``StartGate`` in ``directory`` (the ranks' status directory)."""
+    if not directory:
+        raise ConfigError("config key 'cluster.elastic': needs a status directory for its start-up gates: a local "
+                          "run directory (--out) or GMETA_STATUS_DIR (gmeta launch local sets it)")
+    addr, port = (env.get(k, "") for k in RENDEZVOUS_ENV)
+    return StartGate(directory, re.sub(r"[^A-Za-z0-9.-]", "_", f"{addr}-{port}"))
+
+
 class DenseCommit(ObjectState):
-    """Dense weights, their optimizer's state and ``step`` as of the last ``commit``.
+    """Dense weights, their optimizer's state and ``step`` as of the last ``commit``, and the run's
+    ``start`` (the step it resumed after) and ``end`` (the step it trains to): rank 0 alone knows
+    those two at start-up (it alone restores), and ``sync`` hands them to every rank.
 
     ``sync``: the runtime's ``HorovodSync`` (rank 0's copy is broadcast at every (re)start)."""
 
-    def __init__(self, sync, variables: Sequence[tf.Variable], step: int):
+    def __init__(self, sync, variables: Sequence[tf.Variable], step: int, start: int = 0, end: int = 0):
         self._hvd_sync = sync
         self._variables = list(variables)
         self._saved = self._copy()
-        super().__init__(bcast_object=sync.broadcast_object, get_rank=lambda: sync.rank, step=step)
+        super().__init__(bcast_object=sync.broadcast_object, get_rank=lambda: sync.rank, step=step, start=start,
+                         end=end)
 
     def _copy(self) -> List[np.ndarray]:
         return [np.array(v.numpy(), copy=True) for v in self._variables]

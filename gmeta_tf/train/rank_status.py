@@ -13,6 +13,7 @@ Layout, in the directory ``GMETA_STATUS_DIR`` names (default ``<run dir>/status`
 directory: ``train/rank_life.py``)::
 
     rank0.json, rank1.json ...   one ``RankStatus`` each, replaced whole (``atomic_file``)
+    start-<job>.<gate>           an elastic ring's start-up gates (``train/elastic.py``)
     stop                         the launcher's stop request (``StopRequest``): a rank checks it
                                  when it starts and at every step's vote, so a stop that arrives
                                  before a rank runs is not lost
@@ -27,7 +28,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from gmeta_tf import exit_codes
 from gmeta_tf.atomic_file import replace_file
@@ -36,6 +37,7 @@ STATUS_DIR_ENV = "GMETA_STATUS_DIR"  # where this rank writes its record (set by
 STOP_FILE_ENV = "GMETA_STOP_FILE"  # the stop file this rank obeys (only a launcher sets one)
 STATUS_DIR = "status"  # under a local run directory when no launcher says otherwise
 STOP_FILE = "stop"
+START_GATE_PREFIX = "start-"  # an elastic ring's start-up gates (``train/elastic.py``'s ``StartGate``)
 
 
 class Phase(str, Enum):
@@ -88,6 +90,11 @@ class RankStatus:
     stop_signal: Optional[str] = None  # set once the rank was asked to stop
     exit: Optional[RankExit] = None
     updated_unix: float = 0.0
+    # ``cluster.elastic``: each ring this process trained in, ``[step, rank, size]`` (the commit it
+    # (re-)entered at, its rank and the ring's size there); ``joined_step``: the commit at which
+    # it joined a ring already running (a worker started on a returned host), else None.
+    ring: Optional[List[List[int]]] = None
+    joined_step: Optional[int] = None
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -138,12 +145,12 @@ def read_all(directory: Optional[str]) -> Dict[int, RankStatus]:
 
 
 def clear(directory: str) -> None:
-    """Remove the records and the stop file of an earlier cluster (the launcher, before it
-    starts the ranks of a new one)."""
+    """Remove the records, the stop file and the start gates (``train/elastic.py``) of an earlier
+    cluster (the launcher, before it starts the ranks of a new one)."""
     if not os.path.isdir(directory):
         return
     for name in os.listdir(directory):
-        if name == STOP_FILE or (name.startswith("rank") and name.endswith(".json")):
+        if name == STOP_FILE or name.startswith(START_GATE_PREFIX) or (name.startswith("rank") and name.endswith(".json")):
             try:
                 os.remove(os.path.join(directory, name))
             except FileNotFoundError:

@@ -33,6 +33,8 @@ class RunResult:
     history: list = field(default_factory=list)
     writer: object = None
     restarts: List[Restart] = field(default_factory=list)
+    ring: List[List[int]] = field(default_factory=list)  # elastic: [step, rank, size] at each (re-)entry
+    joined: List[dict] = field(default_factory=list)  # elastic, rank 0: workers that joined the running ring
 
 
 def write_summary(cfg: Config, rt: Runtime, run_dir: str, model: DLRM, tracker: BestTracker, run: RunResult) -> dict:
@@ -51,8 +53,15 @@ def write_summary(cfg: Config, rt: Runtime, run_dir: str, model: DLRM, tracker: 
         # where each TFRA table's rows are, by PS task (the placement check reads this)
         "table_rows_by_ps_task": rows_by_ps_task(model) if rt.rank == 0 and rt.ps_tasks else {},
     }
+    if cfg.cluster.elastic:
+        # The ring as this rank saw it (its re-formings: the commit, the ring's size), and the workers
+        # that joined it on a returned host (from the ranks' status records, rank 0 only).
+        summary["elastic"] = {"ring": [{"step": step, "ranks": size} for step, _, size in run.ring],
+                              "joined": run.joined}
     rank_file = {k: summary[k] for k in ("tasks_per_s", "dense_digest", "steps", "start_step",
                                          "last_step", "stopped_early")}
+    if cfg.cluster.elastic:
+        rank_file["ring"] = run.ring
     hot = model.embeddings.hot
     if hot is not None:  # after the last checkpoint's write-back: the PS must match every rank
         rank_file.update(hot_digest=hot.digest(), hot_rows=hot.hot_set.rows,

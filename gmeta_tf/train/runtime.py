@@ -24,6 +24,8 @@ class Runtime:
     bp_v2: bool = False
     log: Callable[[str], None] = print
     ps_addresses: List[str] = field(default_factory=list)
+    # ``cluster.elastic``: rank 0 goes first through files, not barriers (``elastic.StartGate``)
+    start_gate: Optional[object] = None
 
     @property
     def rank(self) -> int:

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -85,10 +85,19 @@ def build_tables_once(cfg: Config, schema: dict, rt: Runtime, run_dir: str) -> B
     not one per rank. The other ranks build at the same time; that is safe because the PS crash
     once blamed on concurrent creation was the eager-context race that
     ``worker.connect_rank0_first`` avoids (docs/startup.md). With local tables (no PS) there is
-    nothing to share.
+    nothing to share. In an elastic ring (``rt.start_gate``) rank 0 goes first through a gate file,
+    not a barrier: a worker joining a running ring must do no collective before ``run_fn``
+    (``elastic.py``), and it finds the tables there.
     """
     if rt.ps_tasks == 0:
         return _build(cfg, schema, rt, run_dir)
+    if rt.start_gate is not None:
+        def build() -> Built:
+            out = _build(cfg, schema, rt, run_dir)
+            if rt.rank == 0:
+                out.model.embeddings.wait_until_created()
+            return out
+        return rt.start_gate.rank0_first(rt.rank, "tables-created", build)
     built = None
     if rt.rank == 0:
         built = _build(cfg, schema, rt, run_dir)
@@ -118,7 +127,7 @@ def train(cfg: Config, run_dir: str | Path, rt: Optional[Runtime] = None, resume
         built.ckpt.log = rt.log
         start = _restore(cfg, rt, run_dir, schema, built.ckpt, resume, warm)
         tracker, stopped = _start_tracker(cfg, rt, built.ckpt, metric, start)
-        _share_start_state(rt, built)
+        _share_start_state(rt, built, cfg.cluster.elastic)
         watch.status.update(phase=Phase.TRAINING, start_step=start, step=start, checkpoint=start or None)
         marks["rank_restored"] = time.time()
         run = _loop(cfg, rt, run_dir, schema, built, tracker, start, stopped, on_validation, watch, marks)
@@ -167,6 +176,8 @@ def _restore(cfg: Config, rt: Runtime, run_dir: str, schema: dict, ckpt: Checkpo
             rt.log(f"removed {WARM_START_FILE}: it named the source of an earlier attempt that left no "
                    f"checkpoint; this run starts from scratch")
         dump_config(cfg, storage.join(run_dir, CONFIG_FILE))
+    if cfg.cluster.elastic:  # no collective before run_fn: DenseCommit.sync hands out rank 0's step
+        return start
     return rt.sync.broadcast_int(start)
 
 
@@ -176,16 +187,22 @@ def _start_tracker(cfg: Config, rt: Runtime, ckpt: CheckpointManager, metric: st
     stopped early (then there is nothing more to train)."""
     tracker = BestTracker.from_state((ckpt.restored_meta or {}).get("validation") if start else None,
                                      metric, cfg.train.early_stop_patience)
-    stopped = rt.sync.broadcast_int(int(cfg.train.eval_every > 0 and tracker.should_stop))
+    stopped = int(cfg.train.eval_every > 0 and tracker.should_stop)
+    if not cfg.cluster.elastic:  # elastic: rank 0's end (its start when stopped) rides in DenseCommit.sync
+        stopped = rt.sync.broadcast_int(stopped)
     if stopped and rt.rank == 0:
         rt.log(f"this run stopped early at step {start} (best {tracker.metric} {tracker.best_value:.4f} "
                f"at step {tracker.best_step}); nothing more to train")
     return tracker, bool(stopped)
 
 
-def _share_start_state(rt: Runtime, built: Built) -> None:
-    """Every replica starts from rank 0's dense weights, optimizer state and hot rows."""
+def _share_start_state(rt: Runtime, built: Built, elastic: bool = False) -> None:
+    """Every replica starts from rank 0's dense weights, optimizer state and hot rows. ``elastic``:
+    ``DenseCommit.sync`` does it, inside ``run_fn`` (no hot tier there: ``Config._check_elastic``)."""
     embeddings = built.model.embeddings
+    if elastic:
+        embeddings.start_hot_window()
+        return
     if embeddings.hot is not None:
         embeddings.hot.check_same_everywhere(rt.sync)
     if rt.rank == 0:  # from the (restored) PS tables; the broadcast below hands them out
@@ -207,17 +224,18 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
     watch = watch or PreemptionWatch(cfg.train.preemption_grace_s, rt.log, rt.rank)  # not installed: never asks
     at = _Loop(history=[h for h in previous_history(run_dir) if h["step"] <= start] if start else [],
                window=Window(cfg.data.tasks_per_batch), step=start, stopped=stopped,
-               end=start if stopped else cfg.train.steps)
+               end=start if stopped else cfg.train.steps, start=start)
     restarts = from_env() if rt.rank == 0 else []  # gmeta launch local --max-restarts
     pause = pause_point()  # a fault test's trigger (GMETA_PAUSE_AT_STEP); None in a real job
-    # train.steps_per_call: each call ends where the loop below has work (step_calls.py).
-    plan = call_plan(cfg, at.end, pause)
     validating = cfg.train.eval_every > 0
 
     def train_from(begin: int, commit: Optional[Callable[[int], None]] = None) -> None:
         """Steps ``begin+1 .. end``; ``commit(step)`` after each call (elastic commits)."""
         if rt.rank == 0 and at.writer is None:
             at.writer = tf.summary.create_file_writer(storage.join(run_dir, "tb"))
+        # train.steps_per_call: each call ends where the loop below has work (step_calls.py); the
+        # end is read here, as an elastic ring's rank 0 said it (DenseCommit.sync).
+        plan = call_plan(cfg, at.end, pause)
         # The pipeline is deterministic (seeded shuffles, ordered interleave), so skipping the
         # batches already trained on makes a resumed run see exactly the data it would have seen.
         # Rank and size are read here: an elastic ring re-forms smaller and re-shards the files.
@@ -240,7 +258,7 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
             if cfg.model.max_rows:
                 _evict(built, rt, cfg.model.max_rows)
             at.window.add_call(losses)
-            if first == start + 1 and restarts:
+            if first == at.start + 1 and restarts:
                 rt.log(describe(complete(restarts, start, marks=marks)))
             if step % cfg.train.log_every == 0 or last:
                 log_window(cfg, rt, at.window, step, at.history, at.writer)
@@ -272,15 +290,15 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
 
     try:  # the steps and every collective after them (log, validation, checkpoint)
         if cfg.cluster.elastic:
-            _train_elastic(cfg, rt, built, at, train_from)
+            _train_elastic(cfg, rt, built, at, train_from, watch)
         else:
             train_from(start)
     except Exception as e:
         if not is_peer_failure(e, rt):
             raise
         raise step_failure_error(e, rt, at.step) from None
-    return RunResult(start, at.end, at.step if start < at.end else start, at.stopped, at.window, at.history,
-                     at.writer, restarts)
+    return RunResult(at.start, at.end, at.step if at.start < at.end else at.start, at.stopped, at.window, at.history,
+                     at.writer, restarts, ring=at.ring, joined=_joined(watch) if cfg.cluster.elastic and rt.rank == 0 else [])
 
 
 @dataclass
@@ -292,20 +310,26 @@ class _Loop:
     step: int
     stopped: bool
     end: int
+    start: int  # the step the run resumed after (an elastic ring's: rank 0's, from DenseCommit.sync)
     writer: Optional[object] = None  # rank 0's TensorBoard writer
+    ring: List[List[int]] = field(default_factory=list)  # elastic: [step, rank, size] at each (re-)entry
 
 
-def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from: Callable[..., None]) -> None:
+def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from: Callable[..., None],
+                   watch: PreemptionWatch) -> None:
     """``train_from`` under Horovod Elastic (``elastic.py``): the dense weights, their optimizer
     state and the step are committed every ``train.elastic_commit_every`` steps (at the first call
     end at or past each multiple); a lost worker rolls the survivors back to the last commit and
-    they go on as a smaller ring, reading their new shards of the data from that step on."""
+    they go on as a smaller ring, reading their new shards of the data from that step on. A worker
+    started on a returned host joins at a commit (``HostsUpdatedInterrupt`` on the others): it takes
+    rank 0's state, step, start and end from the first sync and reads its shard from that step on.
+    Each (re-)entry goes into this rank's status record (``ring``, ``joined_step``)."""
     from gmeta_tf.train.elastic import DenseCommit, run_elastic
     from gmeta_tf.train.failures import down_ps
 
     every = cfg.train.elastic_commit_every
     state = DenseCommit(rt.sync, list(built.model.dense_variables.values()) + list(built.dense_opt.variables),
-                        at.step)
+                        at.step, start=at.start, end=at.end)
     entries = []
 
     def commit(step: int) -> None:
@@ -313,15 +337,37 @@ def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from
             state.commit_step(step)
 
     def attempt(s: DenseCommit) -> None:
+        joined = not entries and s.step > s.start  # this process's first ring was already training
         if entries:  # the ring re-formed: rank 0's commit is everyone's now
             at.history[:] = [h for h in at.history if h["step"] <= s.step]
             rt.log(f"elastic: the ring re-formed; {rt.size} worker(s) go on from the commit of step {s.step} "
                    f"(rank {rt.rank} of {rt.size}; global meta-batch {cfg.data.tasks_per_batch * rt.size} tasks); "
                    f"PS rows keep the updates that landed since")
+        elif joined:
+            rt.log(f"elastic: joined the running ring at the commit of step {s.step} as rank {rt.rank} of {rt.size} "
+                   f"(global meta-batch {cfg.data.tasks_per_batch * rt.size} tasks); reading shard {rt.rank} of "
+                   f"{rt.size} from there")
+        at.start, at.end = s.start, s.end
+        at.stopped = at.stopped or s.end < cfg.train.steps  # rank 0 had stopped early before this run
         entries.append(s.step)
+        at.ring.append([s.step, rt.rank, rt.size])
+        watch.status.update(phase=Phase.TRAINING, step=s.step, start_step=s.start, ring=[list(r) for r in at.ring],
+                            **({"joined_step": s.step} if joined else {}))
         train_from(s.step, commit)
 
     run_elastic(state, attempt, lambda e: is_peer_failure(e, rt) and not down_ps(rt), rt.sync.reset)
+
+
+def _joined(watch: PreemptionWatch) -> List[dict]:
+    """The workers that joined this elastic ring while it ran, from the ranks' status records (rank
+    0's summary says so): each one's pid, the commit it joined at and its first rank and size."""
+    from gmeta_tf.train.rank_status import read_all
+
+    out = []
+    for r in read_all(watch.status.directory).values():
+        if r.joined_step is not None and r.ring:
+            out.append({"pid": r.pid, "step": r.joined_step, "rank": r.ring[0][1], "ranks": r.ring[0][2]})
+    return sorted(out, key=lambda j: (j["step"], j["rank"]))
 
 
 def _train_call(rt: Runtime, built: Built, first: int, batches: List[dict],
