@@ -112,14 +112,14 @@ class _Ranks:
         return lambda x: self._exchange(rank, x, lambda r: np.concatenate(self.box))
 
 
-def _means_on_wire(n: int, grads, size_of):
-    """``mean_on_wire`` on ``n`` simulated ranks (threads), each told the ring's size by ``size_of(n)``."""
+def _on_ranks(n: int, run_rank):
+    """``run_rank(r, ranks)`` on ``n`` simulated ranks (threads meeting in ``_Ranks``'
+    collectives); their results in rank order, any rank's exception re-raised here."""
     ranks, out, errors = _Ranks(n), [None] * n, []
 
     def run(r):
         try:
-            out[r] = [t.numpy() for t in mean_on_wire([tf.constant(g) for g in grads[r]], size_of(n), BF16,
-                                                      ranks.alltoall(r), ranks.allgather(r))]
+            out[r] = run_rank(r, ranks)
         except Exception as e:  # noqa: BLE001 (re-raised below, in the test's thread)
             errors.append(e)
             ranks.barrier.abort()
@@ -128,9 +128,16 @@ def _means_on_wire(n: int, grads, size_of):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(120)
     assert not errors, errors
     return ranks, out
+
+
+def _means_on_wire(n: int, grads, size_of):
+    """``mean_on_wire`` on ``n`` simulated ranks (threads), each told the ring's size by ``size_of(n)``."""
+    return _on_ranks(n, lambda r, ranks: [
+        t.numpy() for t in mean_on_wire([tf.constant(g) for g in grads[r]], size_of(n), BF16,
+                                        ranks.alltoall(r), ranks.allgather(r))])
 
 
 def test_mean_on_wire_reads_the_size_when_it_runs_as_it_would_when_traced():
@@ -437,28 +444,17 @@ def test_int8_round_trip_is_within_half_a_step_of_each_blocks_largest_value():
 
 def _int8_means(n: int, steps):
     """``mean_int8`` on ``n`` simulated ranks (threads), ``steps[t][r]`` = rank r's (grads, vote) at
-    step t, each rank keeping its residuals across steps as a worker does."""
-    ranks, out, errors = _Ranks(n), [[None] * n for _ in steps], []
-    residuals = [Residuals() for _ in range(n)]
+    step t, each rank keeping its residuals across steps as a worker does: ``out[t][r]``."""
+    def run_rank(r, ranks):
+        residuals, got = Residuals(), []
+        for grads, vote in (step[r] for step in steps):
+            means, votes = mean_int8([tf.constant(g) for g in grads], n, residuals, ranks.alltoall(r),
+                                     ranks.allgather(r), exact=[tf.constant(vote, tf.float32)])
+            got.append(([m.numpy() for m in means], votes[0].numpy()))
+        return got
 
-    def run(r):
-        try:
-            for t, step in enumerate(steps):
-                grads, vote = step[r]
-                means, votes = mean_int8([tf.constant(g) for g in grads], n, residuals[r], ranks.alltoall(r),
-                                         ranks.allgather(r), exact=[tf.constant(vote, tf.float32)])
-                out[t][r] = ([m.numpy() for m in means], votes[0].numpy())
-        except Exception as e:  # noqa: BLE001 (re-raised below, in the test's thread)
-            errors.append(e)
-            ranks.barrier.abort()
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return ranks, out
+    ranks, per_rank = _on_ranks(n, run_rank)
+    return ranks, [[per_rank[r][t] for r in range(n)] for t in range(len(steps))]
 
 
 def test_int8_mean_gives_every_rank_the_same_bits_and_the_vote_exact():

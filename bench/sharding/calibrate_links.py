@@ -49,7 +49,7 @@ def measure(log: Callable[[str], None] = print, rate: str = RATE, seed: int = 0)
     out.update(_same_plan(records, {"loopback": loop, "emulated": links}, seed))
     log(f"[calibrate on links] {len(both)} sets, {rate}: PS CPU {out['cpu_ratio_median']:.2f}x loopback's "
         f"(farthest {out['cpu_ratio_max']:.2f}x), wall {out['wall_ratio_median']:.2f}x; "
-        f"same placement as the shipped model: {out['same_placement']}")
+        f"same placement as the loopback fit's: {out['same_placement']}")
     return out
 
 
