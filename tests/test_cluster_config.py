@@ -102,3 +102,16 @@ def test_a_peer_lost_in_a_collective_after_the_step_is_named_not_a_bare_trace(pr
         with pytest.raises(ClusterError, match=r"^rank 0: worker rank 1 stopped answering in a collective "
                                                r"\(all-reduce / broadcast\) at step 2 "):
             trainer._loop(cfg, rt, run_dir, schema, built, tracker, 0, False, None)
+
+
+def test_a_rendezvous_that_never_answers_is_named_not_a_hang():
+    """``wait_for_rendezvous``: bounded by its time-out, then a ``ClusterError`` naming the address
+    and who serves it; without a rendezvous in the environment (one process) nothing to wait for."""
+    from serve_fixture import free_port
+
+    from gmeta_tf.cluster.worker import RENDEZVOUS_ADDR_ENV, RENDEZVOUS_PORT_ENV, wait_for_rendezvous
+
+    port = free_port()  # nothing listens there
+    with pytest.raises(ClusterError, match=rf"Gloo rendezvous at 127\.0\.0\.1:{port} is not reachable after 1 s"):
+        wait_for_rendezvous({RENDEZVOUS_ADDR_ENV: "127.0.0.1", RENDEZVOUS_PORT_ENV: str(port)}, 1.0)
+    wait_for_rendezvous({}, 1.0)  # returns at once
