@@ -35,6 +35,7 @@ def bench_meta(results: Dict) -> None:
     from bench.meta_step import (
         measure,
         measure_features,
+        measure_flat_call,
         measure_hot_in_program,
         measure_jit,
         measure_model_key,
@@ -50,6 +51,8 @@ def bench_meta(results: Dict) -> None:
     # (meta.hot_in_program) against the compiled step before it, side by side.
     step.update(measure_hot_in_program(cfg))
     results["meta_step"] = step
+    # The traced step called flat (meta/flat_call.py) against the tf.function call, side by side.
+    results["meta_step_flat_call"] = measure_flat_call(cfg)
     # The dense math compiled by XLA or not, side by side, where the compiled program differs most.
     for section, sets in JIT_ROWS.items():
         results[section] = measure_jit(load_config("configs/quickstart.yaml", [f"data.path={data}", *sets]))
@@ -216,6 +219,8 @@ def default_sections() -> List[str]:
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
+    ("meta_step_flat_call.speedup_flat_call", "the step called flat / as a tf.function (tasks/s, one process)", ""),
+    ("meta_step_flat_call.speedup_flat_call_in_program", "… the same, every id hot in the XLA program", ""),
     ("meta_step_steps_per_call.speedup_k8_over_k1", "train.steps_per_call 8 / 1 (tasks/s, one process)", ""),
     ("meta_step_steps_per_call.speedup_k4_over_k1", "… 4 / 1", ""),
     ("meta_step.tasks_per_s_vectorized", "vectorized meta step, tasks/s", ""),
