@@ -6,7 +6,10 @@
 Why one window: on a shared 2-core box the load drifts by more than the difference being
 measured, so the steps run in alternating rounds (gmeta uncompiled, gmeta with
 ``meta.jit_compile: true``, JAX), each round a few seconds, and every figure is the median over
-rounds. Besides the whole steps, each side's dense math alone is timed (``gmeta_xla_dense``:
+rounds. ``gmeta_in_program`` is the step whose tables are arrays too, as JAX's are: every id of
+every table hot and local-only (the quickstart vocabulary is a few MiB), ``meta.hot_in_program``
+(the rows' gather, the dense math, the dense Adam and the rows' lazy Adam in one XLA program, no
+TFRA op in the step): the same work as JAX's one ``jax.jit``. Besides the whole steps, each side's dense math alone is timed (``gmeta_xla_dense``:
 ``DenseStep``'s XLA program on looked-up rows; ``jax_dense``: the same function in JAX), which
 compares the two XLA programs without TFRA. The JAX step lives in its own process and venv (JAX is a bench-only dependency); it
 waits on a pipe while TensorFlow runs, and TensorFlow waits while it runs.
@@ -144,7 +147,7 @@ class JaxProcess:
 
 
 def compare(cfg, jax_python: str, out: Path, rounds: int, seconds: float) -> Dict[str, object]:
-    from bench.meta_step import _batches, _step, _wall_and_cpu_rates
+    from bench.meta_step import _batches, _hot_step, _step, _wall_and_cpu_rates
     from gmeta_tf.metaio.reader import load_schema
 
     schema = load_schema(cfg.data.path)
@@ -152,7 +155,8 @@ def compare(cfg, jax_python: str, out: Path, rounds: int, seconds: float) -> Dic
     T = cfg.data.tasks_per_batch
     model_names = ([c["name"] for c in schema["categorical"]], [c["name"] for c in schema["multi_hot"]])
     write_batches(batches, schema, *model_names, out, ref=reference(cfg, schema, batches[0]))
-    steps = {"gmeta_nojit": _step(cfg, schema, "nojit"), "gmeta_jit": _step(cfg, schema, "jit")}
+    steps = {"gmeta_nojit": _step(cfg, schema, "nojit"), "gmeta_jit": _step(cfg, schema, "jit"),
+             "gmeta_in_program": _hot_step(cfg, schema, batches, in_program=True)}
     steps["gmeta_xla_dense"] = DenseProgram(steps["gmeta_jit"], batches[0])
     jax = JaxProcess(jax_python, out)
     per: Dict[str, List[float]] = {name: [] for name in [*steps, "jax", "jax_dense"]}
@@ -167,6 +171,7 @@ def compare(cfg, jax_python: str, out: Path, rounds: int, seconds: float) -> Dic
     med = {name: statistics.median(r) for name, r in per.items()}
     return {"tasks_per_s": med, "ms_per_step": {n: 1000.0 * T / r for n, r in med.items()},
             "gmeta_nojit_over_jax": med["gmeta_nojit"] / med["jax"], "gmeta_jit_over_jax": med["gmeta_jit"] / med["jax"],
+            "gmeta_in_program_over_jax": med["gmeta_in_program"] / med["jax"],
             "xla_dense_tf_over_jax": med["gmeta_xla_dense"] / med["jax_dense"],
             "rounds": per, "jax": jax.version, "load": os.getloadavg()[0]}
 

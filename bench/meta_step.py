@@ -256,15 +256,43 @@ def measure_hot_in_program(cfg: Config, seconds: float = 8.0) -> Dict[str, float
             "cpu_speedup_compiled_over_uncompiled": cpu["compiled"] / cpu["uncompiled"]}
 
 
+def _tf_call(step: TrainStep) -> TrainStep:
+    """``step`` with its traced functions called as ``tf.function``s, as before ``FlatCall``."""
+    for name in ("_compiled", "_compiled_ahead", "_compiled_local", "_prime"):
+        fn = getattr(step, name, None)
+        if fn is not None:
+            setattr(step, name, fn.fn)
+    return step
+
+
+def measure_flat_call(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+    """The step's traced function called flat (``gmeta_tf/meta/flat_call.py``) against the
+    ``tf.function`` call it replaces, the same steps side by side in one process: the default
+    step, and every id hot in the XLA program (``meta.hot_in_program``, the step JAX is compared
+    with); wall and CPU tasks/s."""
+    schema, batches = load_schema(cfg.data.path), _batches(cfg)
+    variant = "jit" if jit_enabled(cfg.meta) else "nojit"
+    steps = {"flat": _step(cfg, schema, variant), "tf_call": _tf_call(_step(cfg, schema, variant)),
+             "in_program_flat": _hot_step(cfg, schema, batches, True),
+             "in_program_tf_call": _tf_call(_hot_step(cfg, schema, batches, True))}
+    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    return {**{f"tasks_per_s_{k}": rates[k] for k in steps},
+            "speedup_flat_call": rates["flat"] / rates["tf_call"],
+            "cpu_speedup_flat_call": cpu["flat"] / cpu["tf_call"],
+            "speedup_flat_call_in_program": rates["in_program_flat"] / rates["in_program_tf_call"],
+            "cpu_speedup_flat_call_in_program": cpu["in_program_flat"] / cpu["in_program_tf_call"]}
+
+
 if __name__ == "__main__":
-    # ``python -m bench.meta_step hot_in_program DATA [KEY=VALUE ...]``: that one comparison, on
+    # ``python -m bench.meta_step {hot_in_program|flat_call} DATA [KEY=VALUE ...]``: that one comparison, on
     # prepared data (``bench.data.prepared_data``) with the quickstart config and the overrides.
     import json
     import sys
 
     from gmeta_tf.config.loader import load_config
 
-    if len(sys.argv) < 3 or sys.argv[1] != "hot_in_program":
-        sys.exit("usage: python -m bench.meta_step hot_in_program DATA [KEY=VALUE ...]")
+    what = {"hot_in_program": measure_hot_in_program, "flat_call": measure_flat_call}
+    if len(sys.argv) < 3 or sys.argv[1] not in what:
+        sys.exit(f"usage: python -m bench.meta_step {{{'|'.join(what)}}} DATA [KEY=VALUE ...]")
     sets = [f"data.path={sys.argv[2]}", *sys.argv[3:]]
-    print(json.dumps({"sets": sets, **measure_hot_in_program(load_config("configs/quickstart.yaml", sets))}, indent=1))
+    print(json.dumps({"sets": sets, **what[sys.argv[1]](load_config("configs/quickstart.yaml", sets))}, indent=1))

@@ -106,6 +106,27 @@ class Sweep:
     paths: Dict[str, List[str]]
     repeats: int = REPEATS
     scale: Optional[Tuple[int, int]] = SCALE
+    window: Tuple[int, int] = (FIRST, STEPS)  # worker 0's steps that are counted
+
+
+# The fast points again, for what one pass cannot tell (``python -m bench.run network_repeats``).
+# Unshaped, a step is ~35 ms, so the sweep's 60-step window is 2 s and one run of a point moved by
+# up to 2.5x between passes; here each window is 300 steps and each path runs REPEATS_FAST times,
+# interleaved. The paths are the two questions of the fast points: does today's default (bfloat16
+# on the wire) keep the float32 path's speed, and does ``auto`` (which turns the split off where
+# bytes are cheap) beat keeping it (``lean``)? ``auto`` at these rates runs what ``int8`` runs.
+FAST_POINTS = (UNSHAPED, "rate=100mbit")
+REPEATS_FAST = 3
+WINDOW_FAST = (FIRST, FIRST + 300)
+
+
+def repeat_sweeps() -> List[Sweep]:
+    """The ``network_repeats`` runs: unshaped, the default against float32 and ``auto`` against
+    ``lean``; at 100 Mbit/s ``auto`` against ``lean`` only."""
+    both = {"default": PATHS["default"], "bf16": PATHS["bf16"], "auto": PATHS["auto"], "lean": PATHS["lean"]}
+    choice = {"auto": PATHS["auto"], "lean": PATHS["lean"]}
+    return [Sweep((FAST_POINTS[0],), both, REPEATS_FAST, None, WINDOW_FAST),
+            Sweep(FAST_POINTS[1:], choice, REPEATS_FAST, None, WINDOW_FAST)]
 
 
 def sweep_from_env(env=os.environ) -> Sweep:
@@ -185,10 +206,10 @@ class Window:
             self.done.set()
 
 
-def _entrypoint_args(data: str, out: Path, sets: Sequence[str]) -> List[str]:
-    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(RUN_STEPS),
+def _entrypoint_args(data: str, out: Path, sets: Sequence[str], run_steps: int = RUN_STEPS) -> List[str]:
+    return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(run_steps),
             *[a for s in [f"data.tasks_per_batch={PER_WORKER_T}", f"train.log_every={LOG_EVERY}",
-                          f"train.checkpoint_every={RUN_STEPS * 10}", *sets] for a in ("--set", s)]]
+                          f"train.checkpoint_every={run_steps * 10}", *sets] for a in ("--set", s)]]
 
 
 def _point_sets(profile: str, sets: Sequence[str]) -> List[str]:
@@ -202,8 +223,9 @@ def _point_sets(profile: str, sets: Sequence[str]) -> List[str]:
 
 
 def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600,
-              workers: int = WORKERS, ps: int = PS) -> Dict[str, float]:
-    """One job on emulated hosts: tasks/s and bytes per step over worker 0's measured window."""
+              workers: int = WORKERS, ps: int = PS, window_steps: Tuple[int, int] = (FIRST, STEPS)) -> Dict[str, float]:
+    """One job on emulated hosts: tasks/s and bytes per step over worker 0's measured window
+    (``window_steps``; the job runs ``2 * LOG_EVERY`` steps past its end)."""
     sets = _point_sets(profile, sets)
     from launch.emulated_cluster import EmulatedCluster
     from launch.emulated_hosts import host_names
@@ -216,14 +238,14 @@ def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s
     hosts = host_names(workers, ps)
     net = EmulatedNetwork(hosts, parse_profile(profile))
     status_dir = str(out / "status")
-    window = Window({h: net.namespace(h) for h in hosts}, status_dir)
+    window = Window({h: net.namespace(h) for h in hosts}, status_dir, *window_steps)
     with net:
         cluster = EmulatedCluster(net, log=lambda line: None)  # each child keeps its own tail
         cluster.watch_stops(None, 10.0, status_dir)  # the ranks write their records there
         window.start()
         try:
             cluster.start_ps(ps)
-            code = cluster.train(workers, _entrypoint_args(data, out, sets), timeout_s)
+            code = cluster.train(workers, _entrypoint_args(data, out, sets, window_steps[1] + 2 * LOG_EVERY), timeout_s)
             dead_ps = [c.name for c in cluster.ps_children() if c.proc.poll() is not None]
         finally:
             window.stop()
@@ -294,7 +316,7 @@ def measure_paths(data: str, work: Path, sweep: Optional[Sweep] = None, log=prin
         for profile in sweep.points:
             key = profile_key(profile)
             for name, sets in sweep.paths.items():
-                point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets)
+                point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets, window_steps=sweep.window)
                 runs.setdefault(key, {}).setdefault(name, []).append(point)
                 log(f"[network] {key} {name}: {point['tasks_per_s']:.0f} tasks/s, "
                     f"busiest link {point['busiest_link_kb_per_step']:,.1f} kB/step, "

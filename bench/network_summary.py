@@ -111,3 +111,28 @@ def auto_choice(res: Dict[str, Dict]) -> Dict:
     if not over:
         return {}
     return {"over_faster": over, "picks_faster": all(v >= 1 - AUTO_NOISE for v in over.values())}
+
+
+def repeats_summary(res: Dict[str, Dict]) -> Dict:
+    """The ``network_repeats`` runs' keys (``network_paths.repeat_sweeps``), medians over the
+    repeats: ``unshaped_bf16_over_float32`` (today's default wire against the float32 path,
+    unshaped; the issue's bound is 0.97) with each pass's own ratio beside it; per fast point
+    ``auto_over_lean`` and whether ``auto`` turned the split off there (its PS bytes are the
+    split-off path's, several times ``lean``'s); ``auto_picks_faster`` where ``auto`` is within
+    ``AUTO_NOISE`` of ``lean`` or ahead at every point."""
+    out: Dict = {}
+    unshaped = res.get(profile_key(UNSHAPED), {})
+    d, b = unshaped.get(DEFAULT), unshaped.get("bf16")
+    if isinstance(d, dict) and isinstance(b, dict):
+        out["unshaped_bf16_over_float32"] = b["tasks_per_s"] / d["tasks_per_s"]
+        out["unshaped_bf16_over_float32_by_pass"] = [x / y for x, y in zip(b["runs_tasks_per_s"], d["runs_tasks_per_s"])]
+    over, split_off = {}, {}
+    for key, points in res.items():
+        a, lean = points.get(AUTO), points.get(LEAN)
+        if isinstance(a, dict) and isinstance(lean, dict):
+            over[key] = a["tasks_per_s"] / lean["tasks_per_s"]
+            split_off[key] = a["wire_ps_bytes_per_worker_step"] > 2 * lean["wire_ps_bytes_per_worker_step"]
+    if over:
+        out.update(auto_over_lean=over, auto_split_off=split_off,
+                   auto_picks_faster=all(v >= 1 - AUTO_NOISE for v in over.values()))
+    return out

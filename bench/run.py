@@ -2,7 +2,7 @@
 
 ``python -m bench.run [SECTION ...]`` runs only the named sections (``meta``, ``distributed``,
 ``sharding``, ``hot_split``, ``startup``, ``serve``, ``export``, ``delivery``, ``faults``, ``network``,
-``wire_quality``, ``sharding_network``); the other sections' previous results stay in the
+``wire_quality``, ``sharding_network``, ``network_repeats``); the other sections' previous results stay in the
 JSON file. ``--help`` lists them. With none named, every section but ``ON_REQUEST``'s runs.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
@@ -35,6 +35,7 @@ def bench_meta(results: Dict) -> None:
     from bench.meta_step import (
         measure,
         measure_features,
+        measure_flat_call,
         measure_hot_in_program,
         measure_jit,
         measure_model_key,
@@ -50,6 +51,8 @@ def bench_meta(results: Dict) -> None:
     # (meta.hot_in_program) against the compiled step before it, side by side.
     step.update(measure_hot_in_program(cfg))
     results["meta_step"] = step
+    # The traced step called flat (meta/flat_call.py) against the tf.function call, side by side.
+    results["meta_step_flat_call"] = measure_flat_call(cfg)
     # The dense math compiled by XLA or not, side by side, where the compiled program differs most.
     for section, sets in JIT_ROWS.items():
         results[section] = measure_jit(load_config("configs/quickstart.yaml", [f"data.path={data}", *sets]))
@@ -156,7 +159,25 @@ def bench_faults(results: Dict) -> None:
 def bench_network(results: Dict) -> None:
     from bench.network import measure
 
+    previous = results.get("network", {})
     results["network"] = measure(WORK / "network")
+    if "repeats" in previous:  # the network_repeats section's rows stay until it runs again
+        results["network"]["repeats"] = previous["repeats"]
+
+
+def bench_network_repeats(results: Dict) -> None:
+    from bench.hot_split import _prepare
+    from bench.network_paths import measure_paths, repeat_sweeps
+    from bench.network_summary import repeats_summary
+
+    # The fast points again with 300-step windows and three interleaved passes: today's default
+    # wire against float32 unshaped, and auto's split choice against lean (network_paths.py).
+    work = WORK / "network"
+    data = _prepare(work, 1.2)
+    res: Dict = {}
+    for sweep in repeat_sweeps():
+        res.update(measure_paths(data, work, sweep))
+    results.setdefault("network", {})["repeats"] = {**res, **repeats_summary(res)}
 
 
 def bench_wire_quality(results: Dict) -> None:
@@ -182,13 +203,15 @@ SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed"
                                                 "export": bench_export, "delivery": bench_delivery,
                                                 "faults": bench_faults,
                                                 "network": bench_network,
+                                                "network_repeats": bench_network_repeats,
                                                 "wire_quality": bench_wire_quality,
                                                 "sharding_network": bench_sharding_network}
 # Run only when named: the quality guard trains twelve 2-worker jobs (about 10 minutes), and it
 # answers a quality question, like ``make quality``, not a speed one; ``sharding_network`` trains
-# six 4-worker jobs on 5 Mbit/s emulated links (about 7 minutes). Without them ``make bench``
+# six 4-worker jobs on 5 Mbit/s emulated links (about 7 minutes); ``network_repeats`` runs the
+# sweep's two fast points again, 18 jobs with longer windows (about 15 minutes). Without them ``make bench``
 # stays within its 45 minutes on this box (network 15, the rest about 15 + 3).
-ON_REQUEST = ("wire_quality", "sharding_network")
+ON_REQUEST = ("wire_quality", "sharding_network", "network_repeats")
 
 
 def default_sections() -> List[str]:
@@ -196,6 +219,8 @@ def default_sections() -> List[str]:
 
 HEADLINES = [
     ("meta_step.speedup_vs_task_loop", "vectorized step / per-task while-loop (tasks/s)", "≥ 10"),
+    ("meta_step_flat_call.speedup_flat_call", "the step called flat / as a tf.function (tasks/s, one process)", ""),
+    ("meta_step_flat_call.speedup_flat_call_in_program", "… the same, every id hot in the XLA program", ""),
     ("meta_step_steps_per_call.speedup_k8_over_k1", "train.steps_per_call 8 / 1 (tasks/s, one process)", ""),
     ("meta_step_steps_per_call.speedup_k4_over_k1", "… 4 / 1", ""),
     ("meta_step.tasks_per_s_vectorized", "vectorized meta step, tasks/s", ""),
@@ -302,6 +327,8 @@ HEADLINES = [
     ("network.unshaped_over_default.bf16", "… unshaped: bf16 wire / default", ""),
     ("network.unshaped_over_default.hot_split", "… unshaped: hot split / default", ""),
     ("network.unshaped_over_default.hot_stale", "… unshaped: hot split synced every 4 / default", ""),
+    ("network.repeats.unshaped_bf16_over_float32", "… unshaped, 3 passes x 300 steps: bf16 wire (the default) / float32", "≥ 0.97"),
+    ("network.repeats.auto_picks_faster", "… unshaped and 100 Mbit/s, 3 passes x 300 steps: auto within 5% of lean or ahead", ""),
     ("network.auto.picks_faster", "… hot_split auto (rows by bytes, told the rate) within 5% of the faster of split on / off, every point",
      "true"),
     ("wire_quality.synthetic.bf16.diff", "valid AUC, bf16 wire - exact fp32 (synthetic, 2w2ps; interval in JSON)", ""),

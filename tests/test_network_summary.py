@@ -7,7 +7,7 @@ import pytest
 
 from bench import network_paths
 from bench.network_paths import F32, FULL_ENV, PATHS, Mark, Window, figures, ratios, sweep_from_env
-from bench.network_summary import best_path, summarize, wait_point
+from bench.network_summary import best_path, repeats_summary, summarize, wait_point
 
 pytestmark = pytest.mark.fast
 
@@ -148,7 +148,8 @@ def test_every_network_headline_key_is_produced():
     res = _sweep()
     res["bridge"]["auto"], res["5mbit"]["auto"] = _p(780, 150, 40), _p(500, 80, 64)
     scale = {"default": _p(300, 540, 0), "lean": _p(660, 200, 0)}
-    results = {"network": {**res, **summarize(res, scale, "4w2ps"), "emulation": {"rate_error": -0.04}}}
+    results = {"network": {**res, **summarize(res, scale, "4w2ps"), "emulation": {"rate_error": -0.04},
+                           "repeats": repeats_summary(_repeats())}}
     keys = [k for k, _, _ in HEADLINES if k.startswith("network.")]
     assert "network.lean_best.bytes_ratio" in keys and "network.lean_4w.speedup" in keys
     assert [k for k in keys if _get(results, k) is None] == []
@@ -171,3 +172,39 @@ def test_bytes_are_divided_by_the_steps_the_counters_span():
     assert f["counted_steps"] == pytest.approx(62)
     assert f["busiest_link_kb_per_step"] == pytest.approx(1.0)
     assert f["step_ms"] == pytest.approx(100.0)  # time from the records alone
+
+
+def _r(runs, ps_bytes: float) -> dict:
+    """A path's figures over repeats as ``combine`` gives them: the median and every run's."""
+    return {"tasks_per_s": sorted(runs)[len(runs) // 2], "runs_tasks_per_s": list(runs),
+            "wire_ps_bytes_per_worker_step": ps_bytes}
+
+
+def _repeats() -> dict:
+    return {"bridge": {"default": _r([900, 600, 800], 150e3), "bf16": _r([880, 620, 790], 86e3),
+                       "auto": _r([760, 700, 720], 86e3), "lean": _r([400, 700, 380], 11e3)},
+            "100mbit": {"auto": _r([700, 690, 720], 86e3), "lean": _r([420, 430, 410], 11e3)}}
+
+
+def test_the_repeats_judge_the_default_wire_and_auto_s_choice_on_medians():
+    out = repeats_summary(_repeats())
+    assert out["unshaped_bf16_over_float32"] == pytest.approx(790 / 800)  # medians, not one pass
+    assert out["unshaped_bf16_over_float32_by_pass"] == pytest.approx([880 / 900, 620 / 600, 790 / 800])
+    assert out["auto_over_lean"] == pytest.approx({"bridge": 720 / 400, "100mbit": 700 / 420})
+    assert out["auto_split_off"] == {"bridge": True, "100mbit": True}
+    assert out["auto_picks_faster"] is True
+    slower = _repeats()
+    slower["100mbit"]["lean"] = _r([800, 810, 790], 11e3)  # auto turned the split off where on was faster
+    assert repeats_summary(slower)["auto_picks_faster"] is False
+    assert repeats_summary({}) == {}
+
+
+def test_the_repeat_sweeps_run_longer_windows_at_the_fast_points():
+    unshaped, fast = network_paths.repeat_sweeps()
+    assert unshaped.points == ("bridge",) and set(unshaped.paths) == {"default", "bf16", "auto", "lean"}
+    assert fast.points == ("rate=100mbit",) and set(fast.paths) == {"auto", "lean"}
+    for s in (unshaped, fast):
+        assert s.repeats >= 3 and s.scale is None
+        assert s.window[1] - s.window[0] >= 5 * (network_paths.STEPS - network_paths.FIRST)
+    args = network_paths._entrypoint_args("d", network_paths.Path("o"), [], 340)
+    assert args[args.index("--steps") + 1] == "340"

@@ -10,7 +10,7 @@ import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
 
 from gmeta_tf.config.loader import load_config
-from gmeta_tf.config.schema import ClusterConfig, ConfigError, MetaConfig, ModelConfig, TrainConfig
+from gmeta_tf.config.schema import ClusterConfig, ConfigError, MetaConfig, ModelConfig, TrainConfig, wire_dtype_for
 from gmeta_tf.embedding.collection import Embeddings
 from gmeta_tf.embedding.hot.sync import choose_mode, dense_cost, sparse_cost
 from gmeta_tf.embedding.naming import local_namespace
@@ -42,14 +42,29 @@ def _bf16(x) -> np.ndarray:
 
 # -- the key and the casts ----------------------------------------------------------------------
 def test_wire_dtype_is_a_checked_config_key():
-    # bfloat16 by default since issue 41 (validation users could not tell it from float32)
-    assert load_config(None).cluster.wire_dtype == "bfloat16"
-    assert load_config("configs/quickstart.yaml").cluster.wire_dtype == "bfloat16"
+    assert load_config(None).cluster.wire_dtype == "auto"
+    assert load_config("configs/quickstart.yaml").cluster.wire_dtype == "auto"
     assert load_config(None, ["cluster.wire_dtype=float32"]).cluster.wire_dtype == "float32"
     with pytest.raises(ConfigError, match="cluster.wire_dtype"):
         load_config(None, ["cluster.wire_dtype=float16"])
     with pytest.raises(WireDtypeError):
         Wire("float16")
+
+
+def test_auto_sends_bfloat16_only_over_links_known_to_be_slow():
+    """``auto`` (the default): bfloat16 where ``cluster.link_rate`` is 100 Mbit/s or slower, float32
+    where the link is faster or unknown (loopback, a cluster that did not say): there the casts
+    cost more than the bytes they save (docs/network.md)."""
+    def wire(*sets):
+        return load_config(None, list(sets)).cluster.wire
+
+    assert wire() == "float32"
+    assert wire("cluster.link_rate=1gbit") == "float32"
+    assert wire("cluster.link_rate=100mbit") == wire("cluster.link_rate=5mbit") == "bfloat16"
+    assert wire("cluster.link_rate=5mbit", "cluster.wire_dtype=float32") == "float32"
+    assert wire("cluster.link_rate=10gbit", "cluster.wire_dtype=bfloat16") == "bfloat16"
+    assert wire_dtype_for("auto", None) == "float32" and wire_dtype_for("auto", 10**8) == "bfloat16"
+    assert wire_dtype_for("auto", 10**8 + 1) == "float32"
 
 
 def test_float32_wire_adds_nothing():

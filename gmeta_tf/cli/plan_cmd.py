@@ -10,7 +10,7 @@ import click
 
 from gmeta_tf.cli.common import build_config, config_options, friendly_errors
 from gmeta_tf.cli.plan_calibrate_cmd import calibrate
-from gmeta_tf.config.schema import byte_size
+from gmeta_tf.config.schema import byte_size, wire_dtype_for
 
 
 def parse_size(text: str) -> int:
@@ -103,8 +103,9 @@ def plan_group(ctx, data_dir, ps_count, mem_per_ps, algo, cost_model_path, worke
     cfg = build_config(config_path, overrides)
     tables = tables_from_data(data_dir, cfg)
     slots = optimizer_slots_for(cfg.train.embedding_optimizer)
-    model = with_network(load_cost_model(cost_model_path), _link_rate(network, cfg), workers=workers,
-                         optimizer_slots=slots, value_bytes=Wire(cfg.cluster.wire_dtype).value_bytes)
+    rate = _link_rate(network, cfg)
+    model = with_network(load_cost_model(cost_model_path), rate, workers=workers, optimizer_slots=slots,
+                         value_bytes=Wire(wire_dtype_for(cfg.cluster.wire_dtype, rate)).value_bytes)
     kw = dict(cost_model=model, samples_per_step=step_samples(cfg.data, workers), optimizer_slots=slots, seed=seed)
     plan = make_plan(tables, ps_count, mem_per_ps, algo, **kw)
     baselines = dict(plan.baselines) or {b: p.max_cost for b, p in baseline_plans(tables, ps_count, mem_per_ps,

@@ -171,7 +171,7 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print, status_dir: 
 
         gate = start_gate(os.environ, status_dir)
     wait_for_rendezvous(dict(os.environ), cfg.cluster.connect_timeout_s)
-    sync = HorovodSync.create(Wire(cfg.cluster.wire_dtype), elastic=cfg.cluster.elastic,
+    sync = HorovodSync.create(Wire(cfg.cluster.wire), elastic=cfg.cluster.elastic,
                               dense_compression=cfg.cluster.dense_compression)
     rank_log = (lambda msg: log(f"[rank {sync.rank}] {msg}")) if sync.size > 1 else log
     gpu = pin_gpu(sync.local_rank)
@@ -189,6 +189,7 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print, status_dir: 
             check_tasks(placement, len(ps))
     rank_log(f"worker {sync.rank}/{sync.size}: {len(ps)} PS ({', '.join(ps) or 'local tables'}), "
              f"device {gpu or 'CPU'}, wire {sync.wire.dtype}"
+             + (f" (auto, link {cfg.cluster.link_rate or 'rate unknown'})" if cfg.cluster.wire_dtype == "auto" else "")
              + (", dense gradients int8" if sync.dense_compression == "int8" and sync.size > 1 else ""))
     return Runtime(sync=sync, ps_tasks=len(ps), namespace=JOB_NAMESPACE if ps else None,
                    placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps, start_gate=gate)

@@ -164,7 +164,22 @@ HOT_SPLIT = ("auto", True, False)
 # ``hot.select``'s values, checked here only (``HotConfig``); ``hot/rows.py`` resolves ``auto``.
 HOT_SELECT = ("auto", "bytes", "count")
 # ``cluster.wire_dtype``'s values, checked here only (``ClusterConfig``); ``embedding/wire.py`` casts.
-WIRE_DTYPES = ("float32", "bfloat16")
+WIRE_DTYPES = ("auto", "float32", "bfloat16")
+# ``cluster.wire_dtype: auto`` sends bfloat16 over links known to run at this rate or slower.
+WIRE_AUTO_BF16_AT_MOST = "100mbit"
+
+
+def wire_dtype_for(setting: str, link_bit_s: Optional[int]) -> str:
+    """The dtype ``cluster.wire_dtype`` means on links of ``link_bit_s`` (None: unknown or
+    loopback). ``auto``: bfloat16 where the link is known to be at most ``WIRE_AUTO_BF16_AT_MOST``,
+    else float32. Why the line is there (docs/network.md, measured on emulated links, 2 workers
+    + 2 PS): bfloat16 halves ~115 of the busiest link's ~136 kB a step, ~57 kB, which is 4.6 ms
+    at 100 Mbit/s and 0.46 ms at 1 Gbit/s, while its casts and its two-half all-reduce cost the
+    step ~6% on unshaped links (0.94x float32's tasks/s, median of three passes), about 2.5 ms:
+    it pays below ~180 Mbit/s, and was measured ahead at 100 Mbit/s and 5 Mbit/s."""
+    if setting != "auto":
+        return setting
+    return "bfloat16" if link_bit_s is not None and link_bit_s <= bit_rate(WIRE_AUTO_BF16_AT_MOST) else "float32"
 # ``cluster.dense_compression``'s values, checked here only; ``train/int8_wire.py`` encodes.
 DENSE_COMPRESSION = ("none", "int8")
 
@@ -494,10 +509,12 @@ class ClusterConfig:
     # The dtype of floating tensors while they cross a link (gmeta_tf/embedding/wire.py): rows
     # from the PS and their gradients back (one request per PS), the dense gradients' and the hot
     # rows' exchange between workers. ``bfloat16`` halves those bytes; what a process keeps
-    # (rows, optimizer slots, dense weights) and all math stay float32, ids travel exact. The
-    # default since validation users could not tell it from float32 on either dataset (issue 41,
-    # docs/network.md's quality guard); ``float32``: every value arrives as it left.
-    wire_dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    # (rows, optimizer slots, dense weights) and all math stay float32, ids travel exact.
+    # Validation users could not tell it from float32 on either dataset (issue 41, docs/network.md's
+    # quality guard), but its casts cost the step where bytes are cheap, so the default ``auto``
+    # sends bfloat16 only over links known (``cluster.link_rate``) to be 100 Mbit/s or slower
+    # (``wire_dtype_for``), float32 elsewhere; ``float32``: every value arrives as it left.
+    wire_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # The dense gradients' all-reduce only (gmeta_tf/train/int8_wire.py): ``int8`` sends each
     # value as one byte with a float32 scale per 128 values, and feeds what rounding dropped into
     # the next step (error feedback), a quarter of float32's bytes; ``none``: ``wire_dtype``.
@@ -516,6 +533,11 @@ class ClusterConfig:
     @property
     def link_rate_bit_s(self) -> Optional[int]:
         return None if self.link_rate is None else bit_rate(self.link_rate)
+
+    @property
+    def wire(self) -> str:
+        """The wire dtype this job sends (``cluster.wire_dtype``, ``auto`` decided by ``link_rate``)."""
+        return wire_dtype_for(self.wire_dtype, self.link_rate_bit_s)
 
     def __post_init__(self) -> None:
         _require(self.connect_timeout_s > 0, "cluster.connect_timeout_s", "must be > 0")

@@ -27,6 +27,7 @@ from gmeta_tf.meta.dense_step import (
     padded_rows,
     padded_slots,
 )
+from gmeta_tf.meta.flat_call import FlatCall
 from gmeta_tf.meta.inner_loop import InnerLoopSpec
 from gmeta_tf.model.dlrm import DLRM
 
@@ -101,7 +102,7 @@ class TrainStep:
                 self.embeddings.keep_ahead(self.embeddings.read_ahead(batch))
 
             prime.__name__ = f"gmeta_prefetch_prime_{tag}"
-            self._prime = tf.function(prime, reduce_retracing=True, autograph=False)
+            self._prime = FlatCall(tf.function(prime, reduce_retracing=True, autograph=False))
         if self.hot_sync_every > 1:
             self._compiled_local = self._trace(tag, ahead=self.prefetching, hot_sync=False)
         self._primed = False
@@ -117,7 +118,7 @@ class TrainStep:
 
         fn = step_ahead if ahead else step
         fn.__name__ = f"gmeta_train_step{'_ahead' if ahead else ''}{'' if hot_sync else '_local'}_{tag}"
-        return tf.function(fn, reduce_retracing=True, autograph=False)
+        return FlatCall(tf.function(fn, reduce_retracing=True, autograph=False))
 
     def _trace_steps(self, tag: str, ahead: bool):
         """train.steps_per_call: a Python loop, unrolled while tracing (no autograph, no
@@ -133,7 +134,7 @@ class TrainStep:
 
         fn = steps_ahead if ahead else steps
         fn.__name__ = f"gmeta_train_steps{'_ahead' if ahead else ''}_{tag}"
-        return tf.function(fn, reduce_retracing=True, autograph=False)
+        return FlatCall(tf.function(fn, reduce_retracing=True, autograph=False))
 
     def _hot_program(self, meta: MetaConfig, sync) -> ProgramStep:
         """The ``ProgramStep`` over this model's hot tables (none without a hot tier: then only the

@@ -16,8 +16,9 @@ shard's payload per step is
 
     workers x distinct ids per worker x 2 x (dim x b + 8)   bytes (b-byte values, int64 keys)
 
-with ``b`` the wire's bytes a value (``cluster.wire_dtype``: 2 in bfloat16, the default; 4 in
-float32; a column block 4, as TFRA's per-table path sends float32 whatever the wire)
+with ``b`` the wire's bytes a value (``cluster.wire_dtype``: 2 in bfloat16, which ``auto`` sends
+over links of 100 Mbit/s or less; 4 in float32; a column block 4, as TFRA's per-table path sends
+float32 whatever the wire)
 
 and its link time ``WIRE_OVERHEAD x payload x 8 / rate`` with one worker; with two or more,
 half of that (``BUSIER_DIRECTION``: the busier direction of a full-duplex link). ``WIRE_OVERHEAD`` is measured wire
@@ -91,7 +92,7 @@ class NetworkCostModel:
     def __init__(self, base, link: Link, workers: int = 1, optimizer_slots: int = 2, value_bytes: int = VALUE_BYTES):
         self.base, self.link = base, link
         self.workers, self.optimizer_slots = max(1, int(workers)), int(optimizer_slots)
-        # ``cluster.wire_dtype``'s bytes a value on the default path (2: bfloat16, the default);
+        # ``cluster.wire_dtype``'s bytes a value on the default path (2: bfloat16; ``auto`` at <= 100 Mbit/s);
         # a column block goes TFRA's per-table path, float32 whatever the wire
         self.value_bytes = int(value_bytes)
         self.algo, self.error, self.source = base.algo, base.error, base.source

@@ -61,12 +61,13 @@ def test_three_workers_lose_rank_0_and_the_two_survivors_stay_identical(tiny_dat
     the other is waiting on that survivor, which left the ring without closing their link, and
     learns of it only at Gloo's time-out (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s by default; 12 s
     here, as in test_process_faults' stalled worker: a frozen peer trips it, the tiny steps do not).
-    The dense weights cross a bfloat16 wire (the default) whose slices follow the ring's size as
-    it runs (``HorovodSync.elastic``): a ring traced at 3 averages over 2 after the loss."""
+    The dense weights cross a bfloat16 wire whose slices follow the ring's size as it runs
+    (``HorovodSync.elastic``): a ring traced at 3 averages over 2 after the loss."""
     from launch.elastic_hosts import this_machine_names
 
     run = tmp_path / "run"
-    argv = [*_launch_argv(tiny_data_3, run, steps=STEPS), "--elastic", *NEVER_RETURNS]
+    argv = [*_launch_argv(tiny_data_3, run, steps=STEPS), "--elastic", *NEVER_RETURNS,
+            "--set", "cluster.wire_dtype=bfloat16"]
     argv[argv.index("--workers") + 1] = "3"
     names = this_machine_names()
     if len(names) < 3:
@@ -78,7 +79,7 @@ def test_three_workers_lose_rank_0_and_the_two_survivors_stay_identical(tiny_dat
         return
     code, out = _kill_frozen_rank(argv, no_orphans, rank=0, timeout=300, env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "12"})
     assert code == 0, out[-3000:]
-    assert "wire bfloat16" in out, out[-3000:]  # the default wire, through the shrink
+    assert "wire bfloat16" in out, out[-3000:]  # through the shrink
     assert "[launch] worker rank 0 killed by SIGKILL: elastic, the other ranks go on" in out, out[-3000:]
     for now in (0, 1):
         assert f"2 worker(s) go on from the commit of step 20 (rank {now} of 2" in out, out[-3000:]

@@ -72,7 +72,9 @@ def test_emulated_link_trains_to_the_loopback_losses(tiny_data, tmp_path, worker
     so it trains that run's steps; two workers with a loopback run of their own."""
     emu, loop = tmp_path / "emulated", tmp_path / "loopback"
     steps = REFERENCE_STEPS if workers == 1 else STEPS
-    p = subprocess.Popen([*_launcher("rate=100mbit", workers, 400), *_train_args(tiny_data, emu, steps)],
+    # the loopback run's wire: ``cluster.wire_dtype: auto`` would send bfloat16 at 100 Mbit/s
+    p = subprocess.Popen([*_launcher("rate=100mbit", workers, 400), *_train_args(tiny_data, emu, steps),
+                          "--set", "cluster.wire_dtype=float32"],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = p.communicate(timeout=500)

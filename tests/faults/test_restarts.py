@@ -275,7 +275,8 @@ def test_a_cut_off_ps_and_a_lossy_link_ride_through_or_restart(tiny_data, tmp_pa
     no namespace, and train the model the uninterrupted loopback run trained (one worker)."""
     run = tmp_path / "run"
     argv = [*one_worker_argv(tiny_data, run, restarts=1), "--network", "rate=100mbit",
-            "--network-fault", "ps0:cut=5@20", "--network-fault", "worker0:loss=0.02@40"]
+            "--network-fault", "ps0:cut=5@20", "--network-fault", "worker0:loss=0.02@40",
+            "--set", "cluster.wire_dtype=float32"]  # the loopback run's (auto: bfloat16 at 100 Mbit/s)
     proc = _spawn(argv)
     code, out = _finish(proc, timeout=600)
     assert code == 0, out[-3000:]
