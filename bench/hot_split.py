@@ -86,7 +86,7 @@ def count_traffic(data: str, budget: str) -> Dict[str, float]:
     dim, opt = cfg.model.embedding_dim, cfg.train.embedding_optimizer
     hot = select_hot(load_profile(Path(data) / "id_profile.npz"), {n: dim for _, n in names}, opt,
                      cfg.hot.budget_bytes)
-    row = 2 * (dim * Wire(cfg.cluster.wire_dtype).value_bytes + 8)  # read + write, slots stay on the PS
+    row = 2 * (dim * Wire(cfg.cluster.wire).value_bytes + 8)  # read + write, slots stay on the PS
     lookups = local = rows_off = rows_on = 0
     ps_tables_on = sum(1 for _, n in names if not hot.local_only.get(n))
     batches = make_dataset(data, "train", cfg.data, rank=0, size=2, training=True).take(COUNT_BATCHES)

@@ -218,7 +218,7 @@ def _count(data: str, out_file: str, ps: str, sets: Sequence[str], rt):
     if placement:
         check_tasks(placement, rt.ps_tasks)
     # the run's own wire precision (cluster.wire_dtype), which worker_runtime sets on the sync
-    sync = HorovodSync(rt.sync.hvd, Wire(cfg.cluster.wire_dtype)) if isinstance(rt.sync, HorovodSync) else rt.sync
+    sync = HorovodSync(rt.sync.hvd, Wire(cfg.cluster.wire)) if isinstance(rt.sync, HorovodSync) else rt.sync
     rt = replace(rt, namespace=f"{rt.namespace}-{Path(out_file).stem}", placement=placement, sync=sync)
     run_dir = Path(out_file).parent / f"{Path(out_file).stem}-run"
     built = build_tables_once(cfg, load_schema(data), rt, str(run_dir))

@@ -67,6 +67,21 @@ def test_auto_sends_bfloat16_only_over_links_known_to_be_slow():
     assert wire_dtype_for("auto", 10**8 + 1) == "float32"
 
 
+def test_no_code_builds_a_wire_from_the_setting_itself():
+    """``cluster.wire_dtype`` may say ``auto``, which only ``wire_dtype_for`` (or ``cluster.wire``)
+    turns into a dtype; ``Wire("auto")`` raises. Stop 50 found four benches doing it (the
+    ``sharding_network`` section died in its calibration)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    raw = re.compile(r"Wire\([^()]*\.wire_dtype\)")
+    found = [f"{p.relative_to(root)}:{i}" for d in ("gmeta_tf", "bench", "launch", "ps", "examples")
+             for p in sorted((root / d).rglob("*.py")) for i, line in enumerate(p.read_text().splitlines(), 1)
+             if raw.search(line)]
+    assert found == []
+
+
 def test_float32_wire_adds_nothing():
     x = tf.constant([[1.0, 2.0]])
     assert Wire().send(x) is x and Wire().receive(x) is x and Wire().value_bytes == 4

@@ -63,6 +63,7 @@ def _same_plan(records, measured: Dict[str, Dict], seed: int) -> Dict:
     from bench.sharding.network import MEM_PER_PS, POINT, PS, WORKERS, ZIPF
     from gmeta_tf.calibration.calibrate import COST
     from gmeta_tf.config.loader import load_config
+    from gmeta_tf.config.schema import wire_dtype_for
     from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.plan.cost_model import CostModel, fit_document, shard_record
     from gmeta_tf.plan.network import with_network
@@ -78,8 +79,9 @@ def _same_plan(records, measured: Dict[str, Dict], seed: int) -> Dict:
         rows = [{"group": r["group"], "samples_per_step": r["samples_per_step"], "ms": by_index[r["index"]][COST],
                  "wall_ms": by_index[r["index"]]["wall_ms"], "shards": [shard_record(s) for s in r["shards"]]}
                 for r in records if r["index"] in by_index]
-        model = with_network(CostModel(fit_document(rows, seed=seed)), parse_profile(POINT).rate_bit_s,
-                             workers=WORKERS, optimizer_slots=slots, value_bytes=Wire(cfg.cluster.wire_dtype).value_bytes)
+        rate = parse_profile(POINT).rate_bit_s
+        model = with_network(CostModel(fit_document(rows, seed=seed)), rate, workers=WORKERS, optimizer_slots=slots,
+                             value_bytes=Wire(wire_dtype_for(cfg.cluster.wire_dtype, rate)).value_bytes)
         plans[name] = make_plan(list(tables), PS, MEM_PER_PS, "planner", cost_model=model, samples_per_step=samples,
                                 optimizer_slots=slots, seed=0)
     return {"same_placement": plans["loopback"].placement == plans["emulated"].placement,

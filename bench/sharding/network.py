@@ -165,6 +165,7 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
     from bench.hot_split import _prepare
     from bench.network_paths import PER_WORKER_T, run_point
     from gmeta_tf.config.loader import load_config
+    from gmeta_tf.config.schema import wire_dtype_for
     from gmeta_tf.embedding.wire import Wire
     from gmeta_tf.plan.planner import optimizer_slots_for, step_samples
     from gmeta_tf.plan.tables_from_data import tables_from_data
@@ -175,7 +176,7 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
     rate = parse_profile(point).rate_bit_s
     samples = step_samples(cfg.data, workers)
     arms = plan_arms(tables_from_data(data, cfg), ps, workers, samples, rate, optimizer_slots_for(cfg.train.embedding_optimizer),
-                     work / "sharding-network", value_bytes=Wire(cfg.cluster.wire_dtype).value_bytes)
+                     work / "sharding-network", value_bytes=Wire(wire_dtype_for(cfg.cluster.wire_dtype, rate)).value_bytes)
     for a in arms.values():
         log(f"[sharding_network] {a.name} ({a.algo}): predicted {a.predicted_ms:.1f} ms/step "
             f"(per PS {', '.join(f'{c:.1f}' for c in a.predicted_ps_ms)})")
