@@ -213,13 +213,14 @@ def _entrypoint_args(data: str, out: Path, sets: Sequence[str], run_steps: int =
 
 
 def _point_sets(profile: str, sets: Sequence[str]) -> List[str]:
-    """``sets``, plus the point's link rate where ``model.hot_split: auto`` needs it to decide (a
-    job on real hosts is told its rate the same way, ``cluster.link_rate``)."""
+    """``sets``, plus the point's link rate (``cluster.link_rate``), as ``gmeta launch local
+    --network`` tells its jobs and a job on real hosts is told: ``model.hot_split: auto`` and
+    ``cluster.wire_dtype: auto`` decide by it. A path that sets both explicitly is unchanged by it."""
     from gmeta_tf.config.rates import format_rate
     from launch.network.profile import parse_profile
 
     rate = parse_profile(profile).rate_bit_s
-    return [*sets, f"cluster.link_rate={format_rate(rate)}"] if AUTO in sets and rate else list(sets)
+    return [*sets, f"cluster.link_rate={format_rate(rate)}"] if rate else list(sets)
 
 
 def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600,

@@ -28,8 +28,8 @@ Buckets (op time is summed over the executor's threads, so it can exceed wall ti
   worker the receives are the waits for the PS partitions (lookups, applies) to answer;
 * ``allreduce``: Horovod's all-reduce of the dense gradients;
 * ``other``: everything else (gathers around the lookups, reshapes, constants).
-``dispatch`` is the Python call's wall time not spent running the function's graph
-(``tf.function`` argument handling, eager dispatch); ``executor_overhead`` is the executor's
+``dispatch`` is the step call's wall time (``STEP_CALL``) not spent running the function's graph
+(``TrainStep.step``'s Python, the flat call's argument handling, eager dispatch); ``executor_overhead`` is the executor's
 own time around the kernels (``ExecutorState::Process`` minus the kernels it ran).
 """
 from __future__ import annotations
@@ -148,18 +148,29 @@ def build(cfg):
     return step, batches
 
 
+# Each profiled step call runs inside this trace event (its wall time): TF's own event for a
+# ``tf.function`` call is gone since the step is called flat (gmeta_tf/meta/flat_call.py).
+STEP_CALL = "gmeta_profiled_step_call"
+
+
+def _steps(step, batches, steps: int):
+    import tensorflow as tf
+
+    for i in range(steps):
+        with tf.profiler.experimental.Trace(STEP_CALL):
+            out = step.step(batches[i % len(batches)])
+    return out
+
+
 def trace(step, batches, steps: int) -> Dict[str, float]:
     """Trace ``steps`` steps and break the trace down."""
     import tensorflow as tf
 
     with tempfile.TemporaryDirectory() as log_dir:
         tf.profiler.experimental.start(log_dir)
-        for i in range(steps):
-            out = step.step(batches[i % len(batches)])
-        out["loss"].numpy()
+        _steps(step, batches, steps)["loss"].numpy()
         tf.profiler.experimental.stop()
-        return breakdown(sorted(glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb"))[-1], steps,
-                         "gmeta_train_step")  # TrainStep's tf.function name
+        return breakdown(sorted(glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb"))[-1], steps, STEP_CALL)
 
 
 def profile(cfgs: Dict[str, object], steps: int, rounds: int) -> Dict[str, Dict[str, float]]:
@@ -216,13 +227,11 @@ def _worker(data: str, out_file: str, ps: str, steps: int, sets: List[str]) -> N
     with tempfile.TemporaryDirectory() as log_dir:
         if rt.rank == 0:
             tf.profiler.experimental.start(log_dir)
-        for i in range(steps):
-            out = step.step(batches[i % len(batches)])
-        out["loss"].numpy()
+        _steps(step, batches, steps)["loss"].numpy()
         if rt.rank == 0:
             tf.profiler.experimental.stop()
             trace = sorted(glob.glob(f"{log_dir}/plugins/profile/*/*.xplane.pb"))[-1]
-            Path(out_file).write_text(json.dumps(breakdown(trace, steps, "gmeta_train_step")))
+            Path(out_file).write_text(json.dumps(breakdown(trace, steps, STEP_CALL)))
     rt.sync.barrier()
 
 
