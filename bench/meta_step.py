@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import gmeta_tf  # noqa: F401
 from gmeta_tf.config.schema import Config
@@ -248,12 +248,20 @@ def measure_hot_in_program(cfg: Config, seconds: float = 8.0) -> Dict[str, float
     schema, batches = load_schema(cfg.data.path), _batches(cfg)
     steps = {"compiled": _hot_step(cfg, schema, batches, True), "previous": _hot_step(cfg, schema, batches, False),
              "uncompiled": _hot_step(cfg, schema, batches, False, jit=False)}
-    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
-    return {**{f"tasks_per_s_{k}": rates[k] for k in steps},
-            "speedup_compiled_over_previous": rates["compiled"] / rates["previous"],
-            "cpu_speedup_compiled_over_previous": cpu["compiled"] / cpu["previous"],
-            "speedup_compiled_over_uncompiled": rates["compiled"] / rates["uncompiled"],
-            "cpu_speedup_compiled_over_uncompiled": cpu["compiled"] / cpu["uncompiled"]}
+    return _side_by_side(steps, batches, seconds, cfg.data.tasks_per_batch,
+                         {"compiled_over_previous": ("compiled", "previous"),
+                          "compiled_over_uncompiled": ("compiled", "uncompiled")})
+
+
+def _side_by_side(steps: Dict[str, object], batches, seconds: float, T: int,
+                  pairs: Dict[str, Tuple[str, str]]) -> Dict[str, float]:
+    """``steps`` interleaved in one process: ``tasks_per_s_<step>`` each, and for each pair
+    ``name: (a, b)`` ``speedup_<name>`` (wall) and ``cpu_speedup_<name>`` (CPU), a over b."""
+    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, T)
+    out = {f"tasks_per_s_{k}": rates[k] for k in steps}
+    for name, (a, b) in pairs.items():
+        out[f"speedup_{name}"], out[f"cpu_speedup_{name}"] = rates[a] / rates[b], cpu[a] / cpu[b]
+    return out
 
 
 def _tf_call(step: TrainStep) -> TrainStep:
@@ -275,12 +283,9 @@ def measure_flat_call(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
     steps = {"flat": _step(cfg, schema, variant), "tf_call": _tf_call(_step(cfg, schema, variant)),
              "in_program_flat": _hot_step(cfg, schema, batches, True),
              "in_program_tf_call": _tf_call(_hot_step(cfg, schema, batches, True))}
-    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
-    return {**{f"tasks_per_s_{k}": rates[k] for k in steps},
-            "speedup_flat_call": rates["flat"] / rates["tf_call"],
-            "cpu_speedup_flat_call": cpu["flat"] / cpu["tf_call"],
-            "speedup_flat_call_in_program": rates["in_program_flat"] / rates["in_program_tf_call"],
-            "cpu_speedup_flat_call_in_program": cpu["in_program_flat"] / cpu["in_program_tf_call"]}
+    return _side_by_side(steps, batches, seconds, cfg.data.tasks_per_batch,
+                         {"flat_call": ("flat", "tf_call"),
+                          "flat_call_in_program": ("in_program_flat", "in_program_tf_call")})
 
 
 if __name__ == "__main__":
