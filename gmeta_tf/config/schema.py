@@ -180,6 +180,8 @@ def wire_dtype_for(setting: str, link_bit_s: Optional[int]) -> str:
     if setting != "auto":
         return setting
     return "bfloat16" if link_bit_s is not None and link_bit_s <= bit_rate(WIRE_AUTO_BF16_AT_MOST) else "float32"
+
+
 # ``cluster.dense_compression``'s values, checked here only; ``train/int8_wire.py`` encodes.
 DENSE_COMPRESSION = ("none", "int8")
 

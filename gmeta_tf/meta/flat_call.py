@@ -17,8 +17,8 @@ order TF's own binding does (the same tensor objects, one for one). A key whose 
 all tensors, or whose order differs, stays on the ``tf.function`` call. So the fast path runs
 exactly the graph the ``tf.function`` call would, on exactly the inputs it would pass.
 
-``_call_flat`` is a private method of TF 2.16's ``ConcreteFunction``; tests/test_tfra_hazards.py
-pins it, and without it every call takes the ``tf.function`` path.
+``_call_flat`` is a private method of TF 2.16's ``ConcreteFunction``; tests/test_flat_call.py pins
+it and the binding's order, and without it every call takes the ``tf.function`` path.
 """
 from __future__ import annotations
 
