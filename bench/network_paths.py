@@ -120,6 +120,20 @@ REPEATS_FAST = 3
 WINDOW_FAST = (FIRST, FIRST + 300)
 
 
+# ``meta.hot_in_program`` with two workers (issue 43; ``python -m bench.run hot_in_program_2w``):
+# ``lean`` (the hot tier synced every 4th step) with the dense math compiled and the hot rows'
+# steps outside the XLA program (``lean_jit``) or in it (``lean_in_program``: 3 steps of 4 keep
+# the hot rows' whole update there), and ``lean`` itself (uncompiled, today's default) beside
+# them. Unshaped: the link costs next to nothing, so what differs is the step's CPU.
+JIT = "meta.jit_compile=true"
+PROGRAM_PATHS: Dict[str, List[str]] = {"lean": PATHS["lean"], "lean_jit": [*PATHS["lean"], JIT],
+                                       "lean_in_program": [*PATHS["lean"], JIT, "meta.hot_in_program=true"]}
+
+
+def program_sweep() -> Sweep:
+    return Sweep((UNSHAPED,), PROGRAM_PATHS, REPEATS_FAST, None, WINDOW_FAST)
+
+
 def repeat_sweeps() -> List[Sweep]:
     """The ``network_repeats`` runs: unshaped, the default against float32 and ``auto`` against
     ``lean``; at 100 Mbit/s ``auto`` against ``lean`` only."""

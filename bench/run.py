@@ -180,6 +180,24 @@ def bench_network_repeats(results: Dict) -> None:
     results.setdefault("network", {})["repeats"] = {**res, **repeats_summary(res)}
 
 
+def bench_hot_in_program_2w(results: Dict) -> None:
+    from bench.hot_split import _prepare
+    from bench.network_paths import UNSHAPED, measure_paths, profile_key, program_sweep
+
+    # meta.hot_in_program at 2 workers + 2 PS, unshaped: in the program / outside it / uncompiled,
+    # three interleaved passes of 300-step windows (network_paths.py's PROGRAM_PATHS).
+    work = WORK / "network"
+    res = measure_paths(_prepare(work, 1.2), work, program_sweep())[profile_key(UNSHAPED)]
+    paths = {n: p for n, p in res.items() if isinstance(p, dict) and "runs_tasks_per_s" in p}
+
+    def over(a: str, b: str) -> Dict:
+        runs = [x / y for x, y in zip(paths[a]["runs_tasks_per_s"], paths[b]["runs_tasks_per_s"])]
+        return {"median": paths[a]["tasks_per_s"] / paths[b]["tasks_per_s"], "by_pass": runs}
+
+    results["hot_in_program_2w"] = {"paths": paths, "in_program_over_jit": over("lean_in_program", "lean_jit"),
+                                    "in_program_over_uncompiled": over("lean_in_program", "lean")}
+
+
 def bench_wire_quality(results: Dict) -> None:
     import os
 
@@ -204,14 +222,16 @@ SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed"
                                                 "faults": bench_faults,
                                                 "network": bench_network,
                                                 "network_repeats": bench_network_repeats,
+                                                "hot_in_program_2w": bench_hot_in_program_2w,
                                                 "wire_quality": bench_wire_quality,
                                                 "sharding_network": bench_sharding_network}
 # Run only when named: the quality guard trains twelve 2-worker jobs (about 10 minutes), and it
 # answers a quality question, like ``make quality``, not a speed one; ``sharding_network`` trains
 # six 4-worker jobs on 5 Mbit/s emulated links (about 7 minutes); ``network_repeats`` runs the
-# sweep's two fast points again, 18 jobs with longer windows (about 15 minutes). Without them ``make bench``
+# sweep's two fast points again, 18 jobs with longer windows (about 15 minutes); ``hot_in_program_2w``
+# nine 2-worker jobs with such windows (about 8 minutes). Without them ``make bench``
 # stays within its 45 minutes on this box (network 15, the rest about 15 + 3).
-ON_REQUEST = ("wire_quality", "sharding_network", "network_repeats")
+ON_REQUEST = ("wire_quality", "sharding_network", "network_repeats", "hot_in_program_2w")
 
 
 def default_sections() -> List[str]:
@@ -229,6 +249,9 @@ HEADLINES = [
     ("meta_step.jit_speedup", "dense math in XLA / uncompiled (tasks/s), quickstart", ""),
     ("meta_step.speedup_compiled_over_previous", "hot rows + optimizers in the XLA program / dense math only "
      "(tasks/s, every id hot, 1 process)", ""),
+    ("hot_in_program_2w.in_program_over_jit.median", "… the same at 2 workers + 2 PS, hot rows synced every 4th "
+     "step (tasks/s, unshaped links)", ""),
+    ("hot_in_program_2w.in_program_over_uncompiled.median", "… in the program / today's uncompiled step, same run", ""),
     ("meta_step_inner_steps_3.jit_speedup", "… same, inner_steps: 3", ""),
     ("meta_step_dense_embedding.jit_speedup", "… same, adapt: dense+embedding", ""),
     ("meta_step_erm.jit_speedup", "… same, algo: erm", ""),

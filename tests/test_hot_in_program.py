@@ -4,6 +4,7 @@ math alone in XLA, every apply outside it): the same losses, hot rows, slots, co
 dense weights over several steps; and with every id hot, a step with no TFRA op in it."""
 import numpy as np
 import pytest
+import tensorflow as tf
 from synthetic_batch import random_batch, tiny_schema
 from test_hot_split_units import _model_with_rows, _state
 
@@ -20,6 +21,9 @@ VOCAB = {c["name"]: c["cardinality"] for c in SCHEMA["categorical"] + SCHEMA["mu
 # maml adapts the embedding rows too: a task's own copy of a row (``lookup.py``'s per_task), so
 # rows repeat a hot slot and the program must sum their gradients as the tape does.
 ADAPT = {"maml": "dense+embedding", "fomaml": "dense", "erm": "top"}
+# Distinct hot rows a step is expected to touch (sizes the hot exchange, ``hot/sync.py``): item's
+# few make its exchange a sparse all-gather, city's many a dense all-reduce.
+TOUCHED = {"item": 2, "city": 100, "tags": 100}
 
 
 def _hot_set(every_id: bool) -> HotSet:
@@ -35,21 +39,42 @@ def _hot_set(every_id: bool) -> HotSet:
     return HotSet(ids, {t: 0 for t in ids}, {t: 1 for t in ids}, 0, 1, local_only=local)
 
 
-def _train(algo, optimizer, in_program, every_id=True, prefetch=True, steps=3):
+class _TwoEqualRanks(LocalSync):
+    """Two ranks with the same batches, in one process: every collective is what Horovod's would
+    return for two identical ranks (a mean is the rank's own value, a gather two copies). So a
+    step takes the several-worker code paths (the dense all-reduce outside the program, the hot
+    rows' exchange) and trains as one process does, which the real two-process run can't pin
+    to 1e-5 (tests/test_hot_split_distributed.py runs that)."""
+
+    size = 2
+
+    def allgather_group(self, tensors):
+        return [tf.concat([t, t], 0) for t in tensors]
+
+
+def _train(algo, optimizer, in_program, every_id=True, prefetch=True, steps=3, sync=None, sync_every=1,
+           finish=True):
     """``steps`` steps from the same start; returns (losses, every table's rows and slots with the
-    hot rows written back, the dense weights, the step)."""
+    hot rows written back, the dense weights, the step). ``sync``: the ranks (one process by
+    default); ``sync_every``: ``model.hot_sync_every`` (an open window is closed before the
+    write-back, as a checkpoint closes it; ``finish`` false: neither)."""
+    sync = sync or LocalSync()
     batches = [random_batch(SCHEMA, T=3, S=4, Q=3, seed=s) for s in range(1, steps + 1)]
     model = _model_with_rows(SCHEMA, batches)
     tcfg = TrainConfig(optimizer="adam", embedding_optimizer=optimizer, embedding_learning_rate=0.05)
     dense_opt, emb_opt = make_optimizers(tcfg)
-    rows = model.embeddings.use_hot(HotRows(model.tables, _hot_set(every_id), LocalSync(), optimizer,
-                                            tcfg.embedding_learning_rate, {t: 100 for t in VOCAB}, prefetch=prefetch))
+    rows = model.embeddings.use_hot(HotRows(model.tables, _hot_set(every_id), sync, optimizer,
+                                            tcfg.embedding_learning_rate, TOUCHED, prefetch=prefetch,
+                                            sync_every=sync_every))
     meta = MetaConfig(algo=algo, inner_steps=1, inner_lr=0.3, adapt=ADAPT[algo], jit_compile=True,
                       hot_in_program=in_program)
-    step = TrainStep(model, meta, dense_opt, emb_opt, LocalSync())
+    step = TrainStep(model, meta, dense_opt, emb_opt, sync)
     assert (step._program is not None) == in_program
     rows.load(emb_opt)
     losses = [float(step.step(b, nxt)["loss"]) for b, nxt in zip(batches, batches[1:] + [None])]
+    if not finish:
+        return losses, None, step, batches
+    rows.sync_now(emb_opt)
     rows.write_back(emb_opt)  # hot rows and slots into the tables: ``_state`` then holds every row
     return losses, _state(model, emb_opt), step, batches
 
@@ -129,19 +154,46 @@ def test_config_key():
         load_config(None, ["meta.hot_in_program=true", "meta.jit_compile=true"])
     with pytest.raises(ConfigError, match="meta.hot_in_program.*no hot tier"):
         load_config(None, on + ["model.hot_split=false"])
-    with pytest.raises(ConfigError, match="meta.hot_in_program.*hot_sync_every"):
-        load_config(None, on + ["model.hot_sync_every=2"])
+    assert load_config(None, on + ["model.hot_sync_every=2"]).meta.hot_in_program is True
     with pytest.raises(ConfigError, match="meta.hot_in_program"):
         load_config(None, ["meta.hot_in_program=sometimes", "meta.jit_compile=true", "hot.budget=3MiB"])
 
 
-def test_more_than_one_process_is_refused():
-    class TwoRanks(LocalSync):
-        size = 2
+# Several workers (``_TwoEqualRanks``) and hot windows (``model.hot_sync_every``): the program
+# leaves what crosses workers outside (``ProgramStep``'s ``HOT_STEPS``). Four steps with a window
+# of 3: two local steps, a close, a local step, and the close ``sync_now`` forces.
+@pytest.mark.parametrize("ranks,sync_every,algo,optimizer", [
+    (2, 3, "maml", "adam"),
+    pytest.param(2, 1, "maml", "adam", marks=pytest.mark.integration),
+    pytest.param(2, 1, "erm", "adagrad", marks=pytest.mark.integration),
+    pytest.param(2, 3, "fomaml", "adagrad", marks=pytest.mark.integration),
+    pytest.param(1, 3, "erm", "adam", marks=pytest.mark.integration),
+])
+def test_several_workers_and_windows_train_as_the_step_outside(ranks, sync_every, algo, optimizer):
+    sync = _TwoEqualRanks() if ranks == 2 else LocalSync()
+    ref = _train(algo, optimizer, False, every_id=False, steps=4, sync=sync, sync_every=sync_every)
+    new = _train(algo, optimizer, True, every_id=False, steps=4, sync=sync, sync_every=sync_every)
+    _assert_same(new, ref)
+    step = new[2]
+    hot = step.embeddings.hot
+    assert step._program.apply_dense == (ranks == 1)
+    assert (hot.window is None) == (sync_every == 1)
+    if ranks == 2:  # the hot rows really crossed (not each rank's own): both exchanges in use
+        assert set(hot.grad_sync.modes.values()) == {"dense", "sparse"}, hot.grad_sync.modes
+    assert [step._hot_step(step.hot_sync_due(n)) for n in range(1, 5)] == (
+        ["local", "local", "close", "local"] if sync_every == 3 else ["exchange" if ranks == 2 else "apply"] * 4)
 
-    batches = [random_batch(SCHEMA, T=3, seed=1)]
-    model = _model_with_rows(SCHEMA, batches)
-    dense_opt, emb_opt = make_optimizers(TrainConfig())
-    meta = MetaConfig(algo="erm", jit_compile=True, hot_in_program=True)
-    with pytest.raises(ConfigError, match="meta.hot_in_program.*one process"):
-        TrainStep(model, meta, dense_opt, emb_opt, TwoRanks())
+
+def test_a_window_accumulates_in_the_program_as_outside():
+    """The program's ``StaleWindow.add_rows`` (slots with -1s, no unique op) leaves the same
+    accumulator and touched marks as ``add`` after the tape's de-duplication: two local steps."""
+    out = []
+    for in_program in (False, True):
+        _, _, step, _ = _train("maml", "adam", in_program, every_id=False, steps=2, sync_every=4, finish=False)
+        w = step.embeddings.hot.window
+        assert step.embeddings.hot.window_open  # both steps' gradients are in the accumulator
+        out.append({t: (w.acc[t].numpy(), w.touched[t].numpy()) for t in w.acc})
+    for t in out[0]:
+        np.testing.assert_array_equal(out[0][t][1], out[1][t][1], err_msg=t)
+        assert out[0][t][1].any() and (t != "item" or not out[0][t][1].all()), t  # 2 batches: some of item's
+        np.testing.assert_allclose(out[0][t][0], out[1][t][0], rtol=1e-5, atol=1e-6, err_msg=t)

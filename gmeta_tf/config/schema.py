@@ -335,9 +335,11 @@ class MetaConfig:
     # The hot tier's rows inside that XLA program too (issue 43): the step gathers the hot rows
     # from their worker-local variables, computes, and applies the dense optimizer and the hot
     # rows' lazy Adam / Adagrad in the one program; TFRA is left only the cold ids (looked up
-    # before it, applied after). The same training as with it off. One process only (a hot
-    # row's gradient is exchanged between workers outside the program), every step syncing the
-    # hot rows (model.hot_sync_every: 1), and needs meta.jit_compile: true and a hot tier.
+    # before it, applied after). The same training as with it off. With several workers what
+    # crosses them leaves the program (Horovod has no XLA lowering on CPU): the dense gradients,
+    # and the hot rows' gradients at the steps that exchange them (every step, or the close of a
+    # model.hot_sync_every window); inside a window the hot rows' whole step stays in it. Needs
+    # meta.jit_compile: true and a hot tier.
     hot_in_program: bool = False
 
     def __post_init__(self) -> None:
@@ -646,9 +648,6 @@ class Config:
             _require(self.hot.budget_bytes > 0 and self.model.hot_split is not False, "meta.hot_in_program",
                      "puts the hot tier's rows in the compiled step, but there is no hot tier (hot.budget is 0 "
                      "or model.hot_split is false); set hot.budget or drop meta.hot_in_program")
-            _require(self.model.hot_sync_every == 1, "meta.hot_in_program",
-                     f"applies the hot rows every step inside the compiled step; model.hot_sync_every is "
-                     f"{self.model.hot_sync_every}, use one of the two")
         if self.cluster.elastic:
             self._check_elastic()
         _require(self.model.hot_sync_every == 1 or self.train.steps_per_call == 1, "train.steps_per_call",

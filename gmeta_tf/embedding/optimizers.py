@@ -136,6 +136,18 @@ def row_update(kind: str, lr: float, w: tf.Tensor, slots: Dict[str, tf.Tensor], 
     return w - lr * grad / tf.sqrt(acc + EPSILON), {"accumulator": acc}
 
 
+def first_hot_stands_in(slot: tf.Tensor, *values: tf.Tensor) -> Tuple[tf.Tensor, ...]:
+    """``slot`` [U] (-1: not hot) and ``values`` (each [U, ...]) with every entry that is not hot
+    replaced by the first hot one. A scatter *update* inside XLA (no unique op, static shapes)
+    writes every entry; after this the entries that are not hot write what the first hot one
+    writes, so duplicates agree. With no hot entry, every slot stays -1 (the caller writes slot
+    0's old value back). Not for scatter-adds: a stand-in would add its value twice."""
+    hot = slot >= 0
+    first = tf.argmax(tf.cast(hot, tf.int32), output_type=tf.int32)
+    src = tf.where(hot, tf.range(tf.shape(slot)[0]), first)
+    return (tf.gather(slot, src), *(tf.gather(v, src) for v in values))
+
+
 class LazyRowOptimizer:
     """``row_update`` on worker-local variables (the hot rows), with their slots beside them."""
 
@@ -166,10 +178,7 @@ class LazyRowOptimizer:
         hot stands in for the first hot row (same slot, same gradient, the same values
         written); untouched slots keep their values and slots: lazy, as ``apply``. Costs the
         batch's rows, not the table's."""
-        hot = slot >= 0
-        first = tf.argmax(tf.cast(hot, tf.int32), output_type=tf.int32)  # none hot: slot 0 rewritten as is
-        src = tf.where(hot, tf.range(tf.shape(slot)[0]), first)
-        slot, grad = tf.gather(slot, src), tf.gather(grad, src)
+        slot, grad = first_hot_stands_in(slot, grad)
         keep = (slot >= 0)[:, None]
         at = tf.maximum(slot, 0)
         s = self.slots[table]

@@ -28,7 +28,7 @@ What stays outside is TFRA's: the cold ids' lookup before it, their apply after.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Mapping, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -166,15 +166,27 @@ def padded_slots(sparse: SparseState, features: Sequence[int]) -> Tuple[List[tf.
     return slots, sources
 
 
+# What the program does with the hot rows' gradients this step (``ProgramStep.run``):
+# "apply": one process, no window: the rank's own gradient is the mean, applied in the program;
+# "exchange": several workers, the hot rows synced every step: the gradients leave the program
+#   (per unique id, with its slot) for ``hot/sync.py``'s exchange and the apply after it;
+# "local": a step inside a ``model.hot_sync_every`` window: accumulate, and apply the rank's own;
+# "close": the step that closes the window: accumulate only; the exchange, the rewind to the
+#   anchor and the one optimizer step follow outside (``StaleWindow.merge``).
+HOT_STEPS = ("apply", "exchange", "local", "close")
+
+
 @dataclass(frozen=True)
 class HotFeature:
     """A feature whose table has hot rows the program gathers and trains itself: its index in the
-    lookup's feature order, the hot rows' variable, and how to apply their update
-    (``HotRows.apply_rows(table, slot, row_grads, iterations)``, bound to the table)."""
+    lookup's feature order, the hot rows' variable, how to apply their update
+    (``HotRows.apply_rows(table, slot, row_grads, iterations)``, bound to the table) and how to
+    add it to the window's accumulator (``StaleWindow.add_rows``, bound; None without a window)."""
 
     index: int
     values: tf.Variable
     apply_rows: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], None]
+    add_rows: Optional[Callable[[tf.Tensor, tf.Tensor], None]] = None
 
 
 class ProgramStep:
@@ -183,30 +195,41 @@ class ProgramStep:
     keeps two hops over the program's edge per step (row values in, row gradients out, each
     a scatter or a gather on the hot variables run op by op); here the hot variables are read
     and written where the math runs, and the caller is left with the cold rows (TFRA's, looked
-    up before, their gradients chained back and applied after). One process: the dense and hot
-    gradients are the rank's own, with nothing to exchange (``TrainStep`` refuses more ranks)."""
+    up before, their gradients chained back and applied after).
 
-    def __init__(self, dense: DenseStep, dense_opt, hot: Sequence[HotFeature]):
+    Horovod's collectives have no XLA lowering on CPU, so what crosses workers leaves the
+    program: with several workers (``apply_dense`` false) the dense gradients come out for the
+    all-reduce and the dense optimizer's apply after it, and the hot rows do what ``HOT_STEPS``
+    says. Inside a ``model.hot_sync_every`` window nothing crosses, so there the hot rows' whole
+    step (accumulate, apply) stays in the program."""
+
+    def __init__(self, dense: DenseStep, dense_opt, hot: Sequence[HotFeature], apply_dense: bool = True):
         self.dense = dense
         self.dense_opt = dense_opt
+        self.apply_dense = bool(apply_dense)
         self.variables = [dense.model.dense_variables[n] for n in dense.names]
         self.hot = list(hot)
         self.hot_features = [h.index for h in self.hot]
         self._compiled = tf.function(self._train, jit_compile=True, reduce_retracing=True, autograph=False)
 
     def run(self, rows: Sequence[tf.Tensor], slots: Sequence[tf.Tensor], sources: Sequence[tf.Tensor],
-            counters: Sequence[tf.Tensor], sparse: SparseState, batch: dict) -> Tuple[tf.Tensor, List[tf.Tensor]]:
+            counters: Sequence[tf.Tensor], sparse: SparseState, batch: dict, hot_step: str = "apply"
+            ) -> Tuple[tf.Tensor, List[tf.Tensor], List[tf.Tensor], List[Tuple[tf.Tensor, tf.Tensor]]]:
         """Train on ``batch``: ``rows`` are the padded rows (zeros at the hot ones), ``slots`` and
         ``sources`` the hot features' (``padded_slots``; no sources: row i is unique id i),
-        ``counters`` their tables' step counters read before the step (Adam's bias correction).
-        Returns the loss and every row's gradient, for the caller to chain to the cold rows (a
-        hot row's is zero there: its row is a constant)."""
+        ``counters`` their tables' step counters read before the step (Adam's bias correction),
+        ``hot_step`` one of ``HOT_STEPS``. Returns the loss, every row's gradient (for the caller
+        to chain to the cold rows; a hot row's is zero there: its row is a constant), the dense
+        gradients when the program did not apply them (else []), and with ``exchange`` each hot
+        feature's (slot, gradient) per unique id (else [])."""
+        if hot_step not in HOT_STEPS:
+            raise ValueError(f"ProgramStep: hot_step must be one of {HOT_STEPS}, got {hot_step!r}")
         positions = [(f.support_pos, f.query_pos, f.support_valid, f.query_valid) for f in sparse.features]
         samples = {w: {k: batch[w][k] for k in _SAMPLE_KEYS if k in batch[w]} for w in ("support", "query")}
         samples["task_mask"] = batch["task_mask"]
-        return self._compiled(list(rows), list(slots), list(sources), list(counters), positions, samples)
+        return self._compiled(list(rows), list(slots), list(sources), list(counters), positions, samples, hot_step)
 
-    def _train(self, rows, slots, sources, counters, positions, batch):
+    def _train(self, rows, slots, sources, counters, positions, batch, hot_step):
         rows = list(rows)
         sources = list(sources) or [None] * len(slots)
         for h, slot, source in zip(self.hot, slots, sources):
@@ -222,10 +245,27 @@ class ProgramStep:
         grads = tape.gradient(loss, rows + params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
         grads = [tf.convert_to_tensor(g) for g in grads]
         row_grads, dense_grads = grads[: len(rows)], grads[len(rows):]
-        self.dense_opt.apply_gradients(zip(dense_grads, self.variables))
+        if self.apply_dense:
+            self.dense_opt.apply_gradients(zip(dense_grads, self.variables))
+            dense_grads = []
+        exchanged = []
         for h, slot, source, iterations in zip(self.hot, slots, sources, counters):
             grad = row_grads[h.index]
             if source is not None:  # a task's copies of a row: their gradients summed, per unique id
                 grad = tf.math.unsorted_segment_sum(grad, source, tf.shape(slot)[0])
-            h.apply_rows(slot, grad, iterations)
-        return loss, row_grads
+            if hot_step == "exchange":
+                exchanged.append((slot, grad))
+                continue
+            if hot_step in ("local", "close"):
+                h.add_rows(slot, grad)
+            if hot_step in ("apply", "local"):
+                h.apply_rows(slot, grad, iterations)
+        return loss, row_grads, dense_grads, exchanged
+
+
+def hot_slices(slot: tf.Tensor, grad: tf.Tensor, num_hot: int) -> tf.IndexedSlices:
+    """An ``exchange`` step's (slot, gradient) per unique id as the tape's gradient of the hot
+    rows would be: the hot entries only (slot >= 0), indexed by slot."""
+    hot = slot >= 0
+    return tf.IndexedSlices(tf.boolean_mask(grad, hot), tf.cast(tf.boolean_mask(slot, hot), tf.int64),
+                            tf.constant([num_hot, grad.shape[-1]], tf.int64))

@@ -16,12 +16,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from gmeta_tf.config.schema import ConfigError, MetaConfig
+from gmeta_tf.config.schema import MetaConfig
 from gmeta_tf.meta.dense_step import (
     DenseStep,
     HotFeature,
     ProgramStep,
     erm_objective,
+    hot_slices,
     jit_enabled,
     maml_objective,
     padded_rows,
@@ -138,21 +139,26 @@ class TrainStep:
 
     def _hot_program(self, meta: MetaConfig, sync) -> ProgramStep:
         """The ``ProgramStep`` over this model's hot tables (none without a hot tier: then only the
-        dense optimizer joins the program). ``MetaConfig`` already requires ``meta.jit_compile: true``;
-        what it cannot see (the job's workers, the hot tier's window) is checked here, once."""
-        if sync.size > 1:
-            raise ConfigError(f"config key 'meta.hot_in_program': runs in one process only, this job has "
-                              f"{sync.size} workers (their hot-row and dense gradients are exchanged outside "
-                              f"the compiled step); drop meta.hot_in_program")
+        dense optimizer joins the program). ``MetaConfig`` already requires ``meta.jit_compile: true``.
+        With several workers the dense gradients leave the program for the all-reduce."""
         hot = self.embeddings.hot
-        if hot is not None and (hot.window is not None or hot.grad_sync.size > 1):
-            raise ConfigError("config key 'meta.hot_in_program': needs model.hot_sync_every: 1 and one process")
         feats = []
         if hot is not None:
             for i, table in enumerate(self.embeddings.tables):
                 if any(table is t for t in hot.tables):
-                    feats.append(HotFeature(i, table.values, lambda slot, g, it, t=table: hot.apply_rows(t, slot, g, it)))
-        return ProgramStep(self._dense_step, self.dense_opt, feats)
+                    add = None if hot.window is None else (lambda slot, g, t=table: hot.window.add_rows(t.name, slot, g))
+                    feats.append(HotFeature(i, table.values, lambda slot, g, it, t=table: hot.apply_rows(t, slot, g, it),
+                                            add))
+        return ProgramStep(self._dense_step, self.dense_opt, feats, apply_dense=sync.size == 1)
+
+    def _hot_step(self, hot_sync: bool) -> str:
+        """What the program does with the hot rows this step (``dense_step.HOT_STEPS``)."""
+        hot = self.embeddings.hot
+        if hot is not None and hot.window is not None:
+            return "close" if hot_sync else "local"
+        if hot is not None and hot.grad_sync.size > 1:
+            return "exchange"
+        return "apply"
 
     def hot_sync_due(self, step: int) -> bool:
         """Whether step ``step`` (1-based) closes the hot window: every ``hot_sync_every``-th
@@ -252,9 +258,10 @@ class TrainStep:
 
     def _apply_in_program(self, batch: dict, hot_sync: bool):
         """``_apply`` with ``meta.hot_in_program``: the lookup leaves the hot rows to the program
-        (``hot_apart``), which trains them and the dense weights; TFRA's shadows and the
-        read-ahead cold rows get their chained gradients here, after it. One process: the stop
-        vote is this rank's own."""
+        (``hot_apart``), which trains them (``_hot_step`` says how far) and, in one process, the
+        dense weights; what crosses workers (the dense gradients and the stop vote, the hot rows'
+        exchange) and TFRA's shadows and read-ahead cold rows, with their chained gradients, are
+        applied here, after it."""
         program, dense = self._program, self._dense_step
         with tf.GradientTape() as tape:
             sparse = self.embeddings.lookup(batch, trainable=True, hot_apart=True,
@@ -265,13 +272,23 @@ class TrainStep:
         counters = [] if hot is None else [
             self.embeddings.optimizers.for_shadow(self.embeddings.tables[i].base.shadow).iterations.read_value()
             for i in program.hot_features]
-        loss, row_grads = program.run(rows, slots, sources, counters, sparse, batch)
+        hot_step = self._hot_step(hot_sync)
+        loss, row_grads, dense_grads, exchanged = program.run(rows, slots, sources, counters, sparse, batch, hot_step)
+        if program.apply_dense:  # one process: the vote is this rank's own
+            stop = self.stop_vote.read_value() > 0.0
+        else:
+            *dense_grads, votes = self.sync.allreduce_dense(dense_grads, exact=[self.stop_vote.read_value()])
+            self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
+            stop = votes > 0.0
+        hot_grads = [hot_slices(slot, g, self.embeddings.tables[i].num_hot)
+                     for i, (slot, g) in zip(program.hot_features, exchanged)]
         outside = self.shadows + self.cold_vars
         grads = tape.gradient(rows, outside, output_gradients=row_grads,
                               unconnected_gradients=tf.UnconnectedGradients.ZERO) if outside else []
         m = len(self.shadows)
-        done = self.embeddings.apply(self.rows, grads[:m], [], grads[m:], hot_sync=hot_sync, hot_applied=True)
-        return {"loss": loss, "stop": self.stop_vote.read_value() > 0.0}, done
+        done = self.embeddings.apply(self.rows, grads[:m], hot_grads, grads[m:], hot_sync=hot_sync,
+                                     hot_applied=hot_step != "exchange")
+        return {"loss": loss, "stop": stop}, done
 
     def _step(self, batch: dict, hot_sync: bool = True) -> Dict[str, tf.Tensor]:
         """``loss``, and ``stop``: whether any rank voted to stop after this step (the mean of

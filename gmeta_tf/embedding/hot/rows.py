@@ -124,17 +124,18 @@ class HotRows:
         checkpointed counter stay what the PS path has). Returns the prefetched tables' updates
         (``store``'s patch). With ``sync_every > 1``, ``sync`` says whether this step closes the
         window (``hot/stale.py``); otherwise each rank applies its own gradient and exchanges
-        nothing. ``hot_applied``: the compiled step applied the hot rows already (``apply_rows``,
-        ``meta.hot_in_program``): only the cold rows and the counters are left, ``grads`` unused."""
+        nothing. ``hot_applied``: the compiled step did this step's own part already
+        (``meta.hot_in_program``, ``ProgramStep``): in one process the apply, inside a window the
+        accumulate and the local apply; what is left is the window's close, the cold rows and the
+        counters, and ``grads`` is unused."""
         cold = dict(zip([t.name for t in self.prefetched], cold_grads))
         done = []
         counters = {t.name: emb_opt.for_shadow(t.base.shadow).iterations for t in self.tables}
-        # hot_applied: one process, no window (TrainStep checked it when the step was built)
         if self.window is None and not hot_applied:  # every step: the exact path as it always was
             for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
                 self.opt.apply(table.values, table.name, slots, grad, counters[table.name])
         elif self.window is not None:
-            for table, g in zip(self.tables, grads):
+            for table, g in zip(self.tables, [] if hot_applied else grads):
                 slots, grad = touched_slots(g, table.num_hot)
                 self.window.add(table.name, slots, grad)
                 if not sync:  # the rank's own step, undone at the sync (``StaleWindow.rewind``)
@@ -151,8 +152,9 @@ class HotRows:
 
     def apply_rows(self, table: HotColdTable, slot: tf.Tensor, row_grads: tf.Tensor, iterations: tf.Tensor) -> None:
         """``table``'s update from the gradients of a step's unique ids (``slot``: each one's hot
-        slot, -1 for a cold id or the pad), inside the compiled step (``meta.hot_in_program``): one
-        process, so the rank's own gradient is the mean ``apply`` would exchange. ``iterations``:
+        slot, -1 for a cold id or the pad), inside the compiled step (``meta.hot_in_program``): the
+        rank's own gradient, which is the mean in one process and the local step inside a window
+        (``ProgramStep``'s ``apply`` and ``local``). ``iterations``:
         the table's step counter read before the step, as ``apply`` reads it."""
         self.opt.apply_rows(table.values, table.name, slot, row_grads, iterations)
 

@@ -57,6 +57,8 @@ from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
+from gmeta_tf.embedding.optimizers import first_hot_stands_in
+
 
 class StaleWindow:
     """The per-table state of one window: anchors (values and slots at the last sync), the
@@ -85,6 +87,18 @@ class StaleWindow:
         idx = slots[:, None]
         self.acc[table].scatter_nd_add(idx, grad)
         self.touched[table].scatter_nd_update(idx, tf.ones_like(slots, tf.bool))
+
+    def add_rows(self, table: str, slot: tf.Tensor, grad: tf.Tensor) -> None:
+        """``add`` inside the compiled step (``meta.hot_in_program``): ``slot`` [U] is each of the
+        batch's unique ids' hot slot, -1 for a cold id or the pad (a hot slot appears once), and
+        ``grad`` [U, dim] their gradients; static shapes, no unique op. An entry that is not hot
+        adds zeros to slot 0, and marks what the first hot entry marks."""
+        hot = slot >= 0
+        at = tf.maximum(slot, 0)[:, None]
+        self.acc[table].scatter_nd_add(at, tf.where(hot[:, None], grad, tf.zeros_like(grad)))
+        marked = first_hot_stands_in(slot)[0]
+        at = tf.maximum(marked, 0)
+        self.touched[table].scatter_nd_update(at[:, None], (marked >= 0) | tf.gather(self.touched[table], at))
 
     def pending(self, table: str) -> tf.IndexedSlices:
         """The window's accumulated gradient, over the rows this rank touched."""
