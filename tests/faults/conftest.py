@@ -23,7 +23,8 @@ HERE = Path(__file__).parent
 
 
 # Whole modules of real trainings and launches: the integration tier (not in make test-fast).
-INTEGRATION_MODULES = {"test_process_faults.py", "test_run_dir.py", "test_restarts.py", "test_elastic.py"}
+INTEGRATION_MODULES = {"test_process_faults.py", "test_run_dir.py", "test_restarts.py", "test_elastic.py",
+                       "test_elastic_regrow.py"}
 
 
 def pytest_collection_modifyitems(items):
