@@ -222,8 +222,6 @@ class ProgramStep:
         to chain to the cold rows; a hot row's is zero there: its row is a constant), the dense
         gradients when the program did not apply them (else []), and with ``exchange`` each hot
         feature's (slot, gradient) per unique id (else [])."""
-        if hot_step not in HOT_STEPS:
-            raise ValueError(f"ProgramStep: hot_step must be one of {HOT_STEPS}, got {hot_step!r}")
         positions = [(f.support_pos, f.query_pos, f.support_valid, f.query_valid) for f in sparse.features]
         samples = {w: {k: batch[w][k] for k in _SAMPLE_KEYS if k in batch[w]} for w in ("support", "query")}
         samples["task_mask"] = batch["task_mask"]

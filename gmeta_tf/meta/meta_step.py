@@ -251,10 +251,16 @@ class TrainStep:
         if self._program is not None:
             return self._apply_in_program(batch, hot_sync)
         loss, dense_grads, emb_grads, hot_grads, cold_grads = self._gradients(batch)
+        stop = self._apply_dense(dense_grads)
+        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads, hot_sync=hot_sync)
+        return {"loss": loss, "stop": stop}, done
+
+    def _apply_dense(self, dense_grads: List[tf.Tensor]) -> tf.Tensor:
+        """All-reduce the dense gradients with this rank's stop vote riding along, apply the mean;
+        returns whether any rank voted to stop (the same on every rank)."""
         *dense_grads, votes = self.sync.allreduce_dense(dense_grads, exact=[self.stop_vote.read_value()])
         self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
-        done = self.embeddings.apply(self.rows, emb_grads, hot_grads, cold_grads, hot_sync=hot_sync)
-        return {"loss": loss, "stop": votes > 0.0}, done
+        return votes > 0.0
 
     def _apply_in_program(self, batch: dict, hot_sync: bool):
         """``_apply`` with ``meta.hot_in_program``: the lookup leaves the hot rows to the program
@@ -274,12 +280,8 @@ class TrainStep:
             for i in program.hot_features]
         hot_step = self._hot_step(hot_sync)
         loss, row_grads, dense_grads, exchanged = program.run(rows, slots, sources, counters, sparse, batch, hot_step)
-        if program.apply_dense:  # one process: the vote is this rank's own
-            stop = self.stop_vote.read_value() > 0.0
-        else:
-            *dense_grads, votes = self.sync.allreduce_dense(dense_grads, exact=[self.stop_vote.read_value()])
-            self.dense_opt.apply_gradients(zip(dense_grads, self.dense_vars))
-            stop = votes > 0.0
+        # one process: the program applied the dense weights, and the vote is this rank's own
+        stop = self.stop_vote.read_value() > 0.0 if program.apply_dense else self._apply_dense(dense_grads)
         hot_grads = [hot_slices(slot, g, self.embeddings.tables[i].num_hot)
                      for i, (slot, g) in zip(program.hot_features, exchanged)]
         outside = self.shadows + self.cold_vars

@@ -135,7 +135,7 @@ class HotRows:
             for table, (slots, grad) in zip(self.tables, self.grad_sync.aggregate(self.names, grads)):
                 self.opt.apply(table.values, table.name, slots, grad, counters[table.name])
         elif self.window is not None:
-            for table, g in zip(self.tables, [] if hot_applied else grads):
+            for table, g in ([] if hot_applied else zip(self.tables, grads)):  # else: the program did it
                 slots, grad = touched_slots(g, table.num_hot)
                 self.window.add(table.name, slots, grad)
                 if not sync:  # the rank's own step, undone at the sync (``StaleWindow.rewind``)
