@@ -22,8 +22,8 @@ def _hook() -> None:
     create = dense_sync.HorovodSync.create.__func__
     state = {}
 
-    def joined(cls):
-        sync = create(cls)
+    def joined(cls, *args, **kwargs):  # the worker's wire, elastic and compression settings, passed on
+        sync = create(cls, *args, **kwargs)
         sync.barrier()
         print(f"GMETA_STARTUP joined {sync.rank} {time.time():.3f}", flush=True)
         state["rank"] = sync.rank
