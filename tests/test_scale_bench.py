@@ -2,6 +2,7 @@
 cuckoo-table model they compare against, and the bounded table's pre-size they found."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -48,6 +49,7 @@ def test_table_scale_smoke_reports_bytes_per_row_above_the_floor_and_bounded_evi
     from bench.table_scale import SMOKE_IDS, measure_tables
 
     got = measure_tables(smoke=True, log=lambda m: None)
+    print(json.dumps(got))  # the smoke figures, with -s
     row = got["table"][str(SMOKE_IDS)]
     assert row["floor_bytes_per_row"] == 200
     assert row["rows"] == row["ps_rows"] == SMOKE_IDS
@@ -70,6 +72,7 @@ def test_scale_smoke_reports_every_figure():
     from bench.scale import KEYS, SMOKE_ROWS, measure_scale
 
     got = measure_scale(smoke=True, log=lambda m: None)
+    print(json.dumps(got))
     row = got[str(SMOKE_ROWS)]
     for key in KEYS:
         assert math.isfinite(row[key]) and row[key] > 0, key
