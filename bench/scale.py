@@ -22,12 +22,14 @@ and per user (eval) against the size.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -124,6 +126,52 @@ def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print) -> Dict[s
             shutil.rmtree(path, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Fleet:
+    """The machines the on-paper model spreads 10^9 rows over (assumed, not measured)."""
+
+    machines: int = 16
+    cores: int = 16
+    memory_gb: float = 64.0
+    memory_use: float = 0.8  # share of a machine's memory a plan may fill
+    epochs: float = 1.0
+    ids: int = 100_000_000  # distinct embedding ids at 10^9 rows (synth's item space saturates)
+    table_bytes_per_row: float = 400.0  # bench/table_scale.py's ps_bytes_per_row at the largest size
+
+
+def on_paper(results: Dict[str, Dict[str, float]], rows: int = 10 ** 9, fleet: Fleet = Fleet()) -> Dict:
+    """``rows`` rows from the largest measured size: cut into parts of that size (the size the
+    commands were seen to handle: its wall time and peak RSS, no extrapolation), each part one
+    process on one core, as many at once per machine as cores and memory allow; training at the
+    measured one-process tasks/s per worker (one per machine) times the measured 2w2ps
+    efficiency; the tables over PS machines by ``fleet.table_bytes_per_row``. Hours are wall
+    hours of the whole fleet; what it leaves out (the parts' schema merge, data transfer,
+    validation) is the model's error, not a cost here."""
+    size = max((k for k in results if k.isdigit()), key=int)
+    r = results[size]
+    part_rows = r["rows"]
+    parts = math.ceil(rows / part_rows)
+    budget_mb = fleet.memory_gb * 1024 * fleet.memory_use
+    out: Dict = {"rows": rows, "from_rows": part_rows, "parts": parts, "fleet": asdict(fleet)}
+    for stage, wall, rss, units in (("synth", "synth_wall_s", "synth_peak_rss_mb", parts),
+                                    ("prepare", "prepare_wall_s", "prepare_peak_rss_mb", parts)):
+        at_once = max(1, min(fleet.cores, int(budget_mb // r[rss]))) * fleet.machines
+        out[stage] = {"processes_at_once": at_once, "hours": math.ceil(units / at_once) * r[wall] / 3600}
+    tasks = rows / ROWS_PER_TASK
+    efficiency = r["train_tasks_per_s_2w2ps"] / (2 * r["train_tasks_per_s"])
+    train_rate = fleet.machines * r["train_tasks_per_s"] * efficiency
+    out["train"] = {"tasks": tasks * fleet.epochs, "workers": fleet.machines, "efficiency_2w2ps": efficiency,
+                    "hours": tasks * fleet.epochs / train_rate / 3600}
+    table_gb = fleet.ids * fleet.table_bytes_per_row / 2 ** 30
+    out["tables"] = {"gb": table_gb, "ps_machines": math.ceil(table_gb * 1024 / budget_mb)}
+    users = r["eval_users"] * rows / part_rows
+    at_once = max(1, min(fleet.cores, int(budget_mb // r["eval_peak_rss_mb"]))) * fleet.machines
+    out["eval"] = {"users": users, "processes_at_once": at_once,
+                   "hours": math.ceil(parts / at_once) * r["eval_wall_s"] / 3600}
+    out["hours"] = sum(out[s]["hours"] for s in ("synth", "prepare", "train", "eval"))
+    return out
+
+
 def plot(results: Dict[str, Dict[str, float]], path: Path) -> None:
     """Cost per row (synth, prepare: µs) and per user (eval: ms) against the size, log x."""
     import matplotlib
@@ -131,7 +179,7 @@ def plot(results: Dict[str, Dict[str, float]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = sorted(results, key=int)
+    sizes = sorted((k for k in results if k.isdigit()), key=int)
     x = [results[s]["rows"] for s in sizes]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for key, label in (("synth_us_per_row", "gmeta data synth"), ("prepare_us_per_row", "gmeta data prepare")):
@@ -153,13 +201,15 @@ def plot(results: Dict[str, Dict[str, float]], path: Path) -> None:
 def measure_scale(rows_list: Sequence[int] = (1_000_000, 10_000_000), smoke: bool = False,
                   figure: Optional[Path] = None, log=print) -> Dict[str, Dict[str, float]]:
     """``{str(rows): {synth_peak_rss_mb, synth_rows_per_s, prepare_rows_per_s, prepare_peak_rss_mb,
-    train_tasks_per_s, train_tasks_per_s_2w2ps, eval_users_per_s, eval_peak_rss_mb, ...}}``.
+    train_tasks_per_s, train_tasks_per_s_2w2ps, eval_users_per_s, eval_peak_rss_mb, ...},
+    "on_paper": on_paper(...)}``.
     ``smoke``: 20,000 rows and 10 steps, the figure under ``bench/out/scale`` (not ``scale.png``)."""
     rows_list = (SMOKE_ROWS,) if smoke else tuple(rows_list)
     steps = SMOKE_STEPS if smoke else STEPS
     work = WORK / "scale"
-    out = {str(r): measure_rows(int(r), work / f"rows-{r}", steps, log) for r in rows_list}
+    out: Dict = {str(r): measure_rows(int(r), work / f"rows-{r}", steps, log) for r in rows_list}
     plot(out, figure or (work / "scale-smoke.png" if smoke else FIGURE))
+    out["on_paper"] = on_paper(out)  # 10^9 rows from the largest size measured (docs/scale.md)
     return out
 
 

@@ -44,6 +44,27 @@ def test_a_bounded_table_is_pre_sized_for_max_rows_not_the_data():
     assert expected_table_rows(1_000_000) == 1_000_000  # unbounded: the data
 
 
+def test_on_paper_cuts_the_rows_into_parts_of_the_largest_size_measured():
+    from bench.scale import Fleet, on_paper
+
+    row = {"rows": 10_000_000, "synth_wall_s": 100.0, "synth_peak_rss_mb": 4096.0, "prepare_wall_s": 300.0,
+           "prepare_peak_rss_mb": 20480.0, "train_tasks_per_s": 1000.0, "train_tasks_per_s_2w2ps": 1500.0,
+           "eval_users": 30_000, "eval_wall_s": 60.0, "eval_peak_rss_mb": 1024.0}
+    small = {**row, "rows": 1_000_000, "synth_wall_s": 1e6}  # not the largest: never read
+    got = on_paper({"1000000": small, "10000000": row}, fleet=Fleet(machines=4, cores=16, memory_gb=64, ids=10 ** 8,
+                                                                     table_bytes_per_row=400))
+    assert got["parts"] == 100 and got["from_rows"] == 10_000_000
+    assert got["synth"]["processes_at_once"] == 4 * 12  # 51.2 GB of a machine / 4 GB: 12 of its 16 cores
+    assert got["synth"]["hours"] == pytest.approx(math.ceil(100 / 48) * 100 / 3600)
+    assert got["prepare"]["processes_at_once"] == 4 * 2  # 20 GB each: 2 at once per machine
+    assert got["prepare"]["hours"] == pytest.approx(13 * 300 / 3600)
+    assert got["train"]["efficiency_2w2ps"] == 0.75
+    assert got["train"]["hours"] == pytest.approx(1e9 / 67 / (4 * 1000 * 0.75) / 3600)
+    assert got["tables"]["ps_machines"] == 1  # 37 GB of rows in 51 GB
+    assert got["eval"]["users"] == 3_000_000
+    assert got["hours"] == pytest.approx(sum(got[s]["hours"] for s in ("synth", "prepare", "train", "eval")))
+
+
 @pytest.mark.integration  # a fresh process per table, a real PS (about 40 s on 2 cores)
 def test_table_scale_smoke_reports_bytes_per_row_above_the_floor_and_bounded_eviction():
     from bench.table_scale import SMOKE_IDS, measure_tables
@@ -78,3 +99,4 @@ def test_scale_smoke_reports_every_figure():
         assert math.isfinite(row[key]) and row[key] > 0, key
     assert abs(row["rows"] - SMOKE_ROWS) < 0.1 * SMOKE_ROWS  # ~67 rows a task
     assert row["eval_users"] > 0
+    assert got["on_paper"]["hours"] > 0
