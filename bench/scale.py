@@ -135,8 +135,12 @@ class Fleet:
     memory_gb: float = 64.0
     memory_use: float = 0.8  # share of a machine's memory a plan may fill
     epochs: float = 1.0
-    ids: int = 100_000_000  # distinct embedding ids at 10^9 rows (synth's item space saturates)
-    table_bytes_per_row: float = 400.0  # bench/table_scale.py's ps_bytes_per_row at the largest size
+    # distinct embedding ids at 10^9 rows: assumed (synth draws items from 1M ids, far fewer than a
+    # production catalogue and its users would bring)
+    ids: int = 100_000_000
+    # TFRA's bytes per row with Adam's slots at 10^8 ids (bench/table_scale.py's cuckoo_model: 596;
+    # its measured ps_bytes_per_row at the largest size replaces it)
+    table_bytes_per_row: float = 600.0
 
 
 def on_paper(results: Dict[str, Dict[str, float]], rows: int = 10 ** 9, fleet: Fleet = Fleet()) -> Dict:
