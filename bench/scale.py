@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,8 +64,16 @@ def timed(argv: List[str], log: Path, timeout_s: float) -> Dict[str, float]:
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        code = subprocess.run(["/usr/bin/time", "-v", "-o", str(stats), *argv], cwd=REPO, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        # a session of its own: a command past its time-out goes with every process it started
+        # (``launch local``'s PS and workers), not only ``time`` itself
+        proc = subprocess.Popen(["/usr/bin/time", "-v", "-o", str(stats), *argv], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise CommandFailed(f"{' '.join(argv[2:])} ran past {timeout_s:.0f} s (log {log})") from None
     wall = time.perf_counter() - t0
     if code != 0:
         tail = log.read_text(errors="replace")[-3000:]
