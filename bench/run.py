@@ -209,6 +209,26 @@ def bench_wire_quality(results: Dict) -> None:
     results["wire_quality"] = {**results.get("wire_quality", {}), **measure(WORK, datasets)}
 
 
+def bench_scale(results: Dict, smoke: bool = False) -> None:
+    from bench.scale import measure_scale
+
+    # synth, prepare, train (1 process; 2 workers + 2 PS), eval at 1M and 10M rows (bench/scale.png)
+    results["scale"] = measure_scale((1_000_000, 10_000_000), smoke=smoke)
+
+
+def bench_scale_100m(results: Dict, smoke: bool = False) -> None:
+    from bench.scale import measure_scale
+
+    results["scale_100m"] = measure_scale((100_000_000,), smoke=smoke)
+
+
+def bench_table_scale(results: Dict, smoke: bool = False) -> None:
+    from bench.table_scale import measure_tables
+
+    # bytes per row of a TFRA table + Adam slots (local, on a PS) and model.max_rows at 1M, 10M ids
+    results["table_scale"] = measure_tables((1_000_000, 10_000_000), smoke=smoke)
+
+
 def bench_export(results: Dict) -> None:
     from bench.export_lookup import measure
 
@@ -224,14 +244,16 @@ SECTIONS: Dict[str, Callable[[Dict], None]] = {"meta": bench_meta, "distributed"
                                                 "network_repeats": bench_network_repeats,
                                                 "hot_in_program_2w": bench_hot_in_program_2w,
                                                 "wire_quality": bench_wire_quality,
-                                                "sharding_network": bench_sharding_network}
+                                                "sharding_network": bench_sharding_network,
+                                                "scale": bench_scale, "scale_100m": bench_scale_100m,
+                                                "table_scale": bench_table_scale}
 # Run only when named: the quality guard trains twelve 2-worker jobs (about 10 minutes), and it
 # answers a quality question, like ``make quality``, not a speed one; ``sharding_network`` trains
 # six 4-worker jobs on 5 Mbit/s emulated links (about 7 minutes); ``network_repeats`` runs the
 # sweep's two fast points again, 18 jobs with longer windows (about 15 minutes); ``hot_in_program_2w``
 # nine 2-worker jobs with such windows (about 8 minutes). Without them ``make bench``
 # stays within its 45 minutes on this box (network 15, the rest about 15 + 3).
-ON_REQUEST = ("wire_quality", "sharding_network", "network_repeats", "hot_in_program_2w")
+ON_REQUEST = ("wire_quality", "sharding_network", "network_repeats", "hot_in_program_2w", "scale_100m")
 
 
 def default_sections() -> List[str]:

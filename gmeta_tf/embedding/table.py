@@ -261,6 +261,20 @@ def initial_capacity(expected_rows: int) -> int:
     return max(8192, int(expected_rows * 1.5)) if expected_rows else 0
 
 
+def expected_table_rows(cardinality: int, max_rows: int = 0) -> int:
+    """The rows a table is pre-sized for (``initial_capacity``): the data's cardinality, and for
+    a table bounded by ``model.max_rows`` at most that bound.
+
+    Why the bound: the cuckoo table allocates, and touches, every bucket of its capacity when it
+    is created, so a bounded table pre-sized for every id of the data held the memory
+    ``max_rows`` is there to save (bench/table_scale.py: RSS for 3x the bound). Eviction keeps
+    it at ``max_rows`` rows between steps; one step's new ids fit in ``initial_capacity``'s
+    headroom, or the table grows."""
+    if max_rows > 0:
+        return min(cardinality, max_rows) if cardinality > 0 else max_rows
+    return cardinality
+
+
 class Table(Protocol):
     """What the model, the meta step and the checkpoint may ask of any table."""
 

@@ -13,7 +13,7 @@ from gmeta_tf.config.schema import ConfigError, ModelConfig
 from gmeta_tf.embedding.collection import Embeddings, create_tables
 from gmeta_tf.embedding.fused import resolve as fuse_tables
 from gmeta_tf.embedding.naming import local_namespace
-from gmeta_tf.embedding.table import EmbeddingTable, Table
+from gmeta_tf.embedding.table import EmbeddingTable, Table, expected_table_rows
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.model.adaptable import TowerModel, label_scaling
 from gmeta_tf.model.dense_tower import DenseTower
@@ -40,7 +40,8 @@ class DLRM(TowerModel):
         if unknown:
             raise ConfigError(f"config key 'model.max_rows': no table {unknown} in the data "
                               f"(tables: {', '.join(self.table_names)})")
-        rows = {c["name"]: int(c.get("cardinality", 0)) for c in schema["categorical"] + schema["multi_hot"]}
+        rows = {c["name"]: expected_table_rows(int(c.get("cardinality", 0)), cfg.max_rows.get(c["name"], 0))
+                for c in schema["categorical"] + schema["multi_hot"]}
         # Every table of the model, for its whole life (gmeta_tf/embedding/collection.py).
         self.embeddings = Embeddings(
             create_tables(self.table_names, cfg.embedding_dim, namespace=self.namespace, ps_tasks=ps_tasks,
