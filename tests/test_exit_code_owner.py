@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 from typing import Iterable, List, Set, Tuple
 
@@ -29,7 +30,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 OWNER = REPO / "gmeta_tf" / "exit_codes.py"
 FOLDERS = ("gmeta_tf", "launch", "ps", "bench")
-pytestmark = pytest.mark.fast
 
 EXIT_ATTRS = {"exit", "_exit"}  # sys.exit, os._exit, ctx.exit
 EXIT_NAMES = {"exit", "quit", "SystemExit", "Exit"}  # builtins, click.exceptions.Exit
@@ -157,10 +157,12 @@ def owners(root: Path = REPO) -> List[str]:
     return sorted(set(found))
 
 
+@pytest.mark.fast
 def test_no_exit_code_is_written_outside_the_table():
     assert owners() == []
 
 
+@pytest.mark.fast
 def test_the_walk_finds_each_kind_of_owner(tmp_path):
     """The rule can fail: one planted module per kind, each named."""
     (tmp_path / "launch").mkdir()
@@ -192,3 +194,32 @@ def test_the_walk_finds_each_kind_of_owner(tmp_path):
         "launch/planted.py:12: exits 0",
         "launch/planted.py:14: exits 2",
     ])
+
+
+def test_a_time_out_is_a_type_the_supervisor_reads_not_a_code():
+    """The launcher's time-out was ``return 124`` from the wait, read back by ``code == 124``:
+    a worker that exited 124 of its own would have been taken for it. Now the wait raises
+    ``WorkersTimedOut`` (the workers stopped) and the failure is built from the type."""
+    from gmeta_tf import exit_codes
+    from launch.local_cluster import LocalCluster, WorkersTimedOut
+    from launch.supervisor import _failure, _workers_only
+
+    cluster = LocalCluster(log=lambda m: None, grace_s=5.0)
+    try:
+        sleeper = cluster.spawn("worker", [sys.executable, "-c", "import time; time.sleep(60)"])
+        with pytest.raises(WorkersTimedOut) as timed_out:
+            cluster.wait_workers([sleeper], timeout_s=0.5)
+        assert sleeper.proc.poll() is not None  # stopped before the raise
+        failure = _failure(cluster, timed_out.value, 3600)
+        # a worker's own 124 is a worker's code like any other, not the launcher's time-out
+        own = cluster.spawn("worker", [sys.executable, "-c", f"raise SystemExit({exit_codes.TIMED_OUT.code})"])
+        code = cluster.wait_workers([own], timeout_s=60)
+    finally:
+        cluster.teardown()
+    assert timed_out.value.exit_code == exit_codes.TIMED_OUT.code
+    assert failure.timed_out and failure.job_code == exit_codes.TIMED_OUT.code
+    assert failure.problems == ["timed out after 3600 s"] and failure.exit_code is None
+    assert not _workers_only(cluster, failure)
+    assert code == exit_codes.TIMED_OUT.code
+    own_failure = _failure(cluster, code, 3600)
+    assert not own_failure.timed_out and own_failure.job_code == exit_codes.FAILED.code
