@@ -25,9 +25,12 @@ import os
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from gmeta_tf import exit_codes
+
+if TYPE_CHECKING:
+    from gmeta_tf.stop_signals import StopSignals
 
 log = logging.getLogger("gmeta.ps")
 
@@ -111,7 +114,7 @@ def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
         os._exit(code)
 
 
-def _wait_for_stop(signals, launcher: int) -> Optional[int]:
+def _wait_for_stop(signals: "StopSignals", launcher: int) -> Optional[int]:
     """The stop signal that ended the wait, or None when the launcher (``launcher``, 0: none) is
     gone. Woken by the signal's byte on the wake-up pipe, so the exit follows the signal at once;
     the launcher is looked at once a second."""
@@ -120,6 +123,9 @@ def _wait_for_stop(signals, launcher: int) -> Optional[int]:
     while not signals.received:
         if launcher and not pid_alive(launcher):
             return None
+        if not signals.installed:  # served from another thread than the main one: no handler, no pipe
+            time.sleep(1.0)
+            continue
         got = signals.wait(1.0)
         if got and not signals.received:  # the byte came before the handler ran: it is the same signal
             return got[0]
