@@ -100,7 +100,7 @@ def _sigterm_all(procs) -> list:
 
 
 def test_sigterm_under_lookups_always_exits_143_promptly():
-    outcomes, lookups = [], []
+    outcomes, lookups, said = [], [], []
     for _ in range(ROUNDS):
         cluster = LocalCluster(log=lambda m: None)
         try:
@@ -109,6 +109,9 @@ def test_sigterm_under_lookups_always_exits_143_promptly():
             client = cluster.spawn("client", [sys.executable, "-c", CLIENT, ",".join(addresses)])
             lookups.append(_hammering(client))
             outcomes += _sigterm_all(ps)
+            for c in cluster.ps_children():  # the main loop, not the handler, said why it stopped
+                c.thread.join(timeout=10)
+                said.append(any(line.endswith("SIGTERM, shutting down") for line in c.lines))
         finally:
             cluster.teardown()
     assert len(outcomes) == ROUNDS * PER_ROUND == 50
@@ -116,5 +119,6 @@ def test_sigterm_under_lookups_always_exits_143_promptly():
     assert hung == [], f"{len(hung)} of 50 PS still running {EXIT_BOUND_S} s after SIGTERM"
     assert [code for code, _ in outcomes] == [exit_codes.PREEMPTED.code] * 50, outcomes
     assert all(t <= EXIT_BOUND_S for _, t in outcomes), outcomes
+    assert said == [True] * 50
     print(f"50 SIGTERMs under lookups ({lookups} lookups before each round's signals): exit in "
           f"{min(t for _, t in outcomes):.3f}-{max(t for _, t in outcomes):.3f} s")
