@@ -26,6 +26,8 @@ import re
 import sys
 from typing import Dict, List, Tuple
 
+from gmeta_tf import exit_codes
+
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\))?.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|\S+)\s+([a-z][\w\-]*)\((.*)$")
 _TRIVIAL = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
         for name, d in zip(names, args.dirs):
             print(f"\n{name}: {modules(d)[0]}")
             print("\n".join(dots(modules(d)[0])))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from gmeta_tf import exit_codes
+
 
 def write_batches(batches, schema: dict, cat: List[str], multi: List[str], out: Path, ref=None) -> None:
     """``batches.npz`` for ``bench/jax_step.py``: ids per feature remapped to dense indices, and
@@ -220,10 +222,10 @@ def main(argv=None) -> int:
     if args.dump:
         dump(cfg, args.jax_python, out)
         print(f"HLO dumps: {out / 'tf'} {out / 'jax'}; python -m bench.hlo_compare {out / 'tf'} {out / 'jax'}")
-        return 0
+        return exit_codes.DONE.code
     res = compare(cfg, args.jax_python, out, args.rounds, args.seconds)
     print(json.dumps(res, indent=1))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from gmeta_tf import exit_codes
+
 # Model shapes of configs/quickstart.yaml (the bench's data: 3 dense features, 6 categorical
 # tables and one multi-hot, embedding dim 16, concat interaction).
 EMBED_DIM = 16
@@ -272,11 +274,11 @@ def main(argv=None) -> int:
     state, loss = step(state, batches[0])  # trace + compile
     print(f"jax {jax.__version__} jaxlib {jax.lib.__version__}; first loss {float(loss):.4f}", flush=True)
     if args.dump:
-        return 0
+        return exit_codes.DONE.code
     if not args.serve:
         state, rate, loss = run_rounds(step, state, batches, args.seconds, tasks)
         print(f"{rate:.1f} tasks/s, loss {loss:.4f}")
-        return 0
+        return exit_codes.DONE.code
     for line in sys.stdin:  # "SECONDS" (the step) or "SECONDS dense" (its dense math alone)
         seconds, *what = line.split()
         if what == ["dense"]:
@@ -284,7 +286,7 @@ def main(argv=None) -> int:
             continue
         state, rate, loss = run_rounds(step, state, batches, float(seconds), tasks)
         print(f"{rate} {loss}", flush=True)
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

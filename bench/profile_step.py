@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from bench.ps_rpcs import APPLY_SCOPES, LOOKUP_SCOPE
+from gmeta_tf import exit_codes
 
 BUCKETS = ["tfra_unique", "tfra_find", "tfra_init_rows", "tfra_apply_find", "tfra_apply_insert", "optimizer_math", "inner_loop", "dense_outer", "xla_dense",
            "host_copies", "allreduce", "other"]
@@ -254,7 +255,7 @@ def main(argv: List[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:  # a rank of --distributed: worker DATA OUT PS STEPS [SET ...]
         _worker(argv[1], argv[2], argv[3], int(argv[4]), argv[5:])
-        return 0
+        return exit_codes.DONE.code
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--distributed", action="store_true", help="rank 0 of 2 workers + 2 PS instead of one process")
     ap.add_argument("--steps", type=int, default=10, help="steps per trace")
@@ -283,7 +284,7 @@ def main(argv: List[str] | None = None) -> int:
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

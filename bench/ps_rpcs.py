@@ -28,6 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Mapping, Sequence
 
+from gmeta_tf import exit_codes
+
 # TFRA's wrapped optimizers name their ops under the first two; a PS request's apply under the last
 # (``model.ps_requests: per_ps``, gmeta_tf/embedding/ps_requests.py's APPLY_SCOPE).
 APPLY_SCOPES = ("Adam", "Adagrad", "ps_request_apply")
@@ -299,13 +301,13 @@ def _sets(argv: List[str]) -> List[str]:
 def main(argv: List[str]) -> int:
     if len(argv) == 5 and argv[0] == "worker":  # measure's worker: DATA OUT_DIR PS RUNS_JSON
         _worker(argv[1], argv[2], argv[3], json.loads(Path(argv[4]).read_text()))
-        return 0
+        return exit_codes.DONE.code
     if not argv or argv[0].startswith("-"):
         print("usage: python -m bench.ps_rpcs DATA [--ps N] [--set KEY=VALUE ...]", file=sys.stderr)
-        return 2
+        return exit_codes.USER_ERROR.code
     ps = int(argv[argv.index("--ps") + 1]) if "--ps" in argv else 2
     print(json.dumps(measure(argv[0], ps, {"run": _sets(argv[1:])})["run"], indent=1))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Callable, Dict, List
 import gmeta_tf  # noqa: F401
 from bench.data import BENCH_DIR, WORK
 from bench.data import prepared_data as _prepared_data
+from gmeta_tf import exit_codes
 
 RESULTS = BENCH_DIR / "results.json"
 
@@ -403,12 +404,12 @@ def main(argv=None) -> int:
         print(f"usage: python -m bench.run [SECTION ...]\nsections: {', '.join(SECTIONS)} (default: all but {', '.join(ON_REQUEST)})\n"
               f"GMETA_BENCH_NETWORK=full: the network section's five-rate sweep with TFRA's per-table path\n"
               f"GMETA_BENCH_WIRE_QUALITY=synthetic|movielens: the wire_quality section on one dataset")
-        return 0
+        return exit_codes.DONE.code
     wanted = argv or default_sections()  # e.g. `python -m bench.run hot_split` runs one section
     unknown = [n for n in wanted if n not in SECTIONS]
     if unknown:
         print(f"unknown bench section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}", file=sys.stderr)
-        return 2
+        return exit_codes.USER_ERROR.code
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     WORK.mkdir(parents=True, exist_ok=True)
     for name in wanted:
@@ -424,7 +425,7 @@ def main(argv=None) -> int:
         v = "-" if value is None else f"{value:,.2f}" if abs(value) >= 0.1 or value == 0 else f"{value:.4f}"
         print(f"{label.ljust(width)}  {v:>10}  {target:7}  {key}")
     print(f"\nwrote {RESULTS}")
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

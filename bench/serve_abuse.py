@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Dict, Iterator, Tuple
 
 from bench.serve import BATCHING, NAME, _drive, _one_row_body, _summary, model_under_bench
+from gmeta_tf import exit_codes
 from tests.serve_fixture import REPO, hang_up, rss_mib, send_body, server_process, stalled_request
 
 WORK = REPO / "bench" / "out" / "serve"  # the serve section's work folder (bench/run.py)
@@ -189,7 +190,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = compare_c64(args.c64_against.resolve()) if args.c64_against else measure(args.repo.resolve())
     print(json.dumps(out, indent=1))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

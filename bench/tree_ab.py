@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Dict, List
 
+from gmeta_tf import exit_codes
+
 _RUN = r'''
 import json, sys
 import bench.distributed as bd
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(json.dumps({"runs": runs, "median": med, "new_over_old": med["new"] / med["old"],
                       "by_round": [n / o for n, o in zip(runs["new"], runs["old"])]}))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

@@ -56,6 +56,10 @@ CLUSTER_FAULT = ExitCode("cluster_fault", 200, True,
                          "a lost or restarted PS, or a peer worker that died or stopped answering: retry "
                          "(it resumes from the last complete checkpoint); no signal's code")
 
+# The codes Kubeflow's ``restartPolicy: ExitCode`` (the rendered TFJob's, launch/k8s_render.py)
+# restarts a pod for: a signal's or a fault's. Each row's retryable column is this test.
+RETRIED_CODES = range(128, 256)
+
 TABLE: Tuple[ExitCode, ...] = (DONE, FAILED, USER_ERROR, TIMED_OUT, HUNG_UP, INTERRUPTED, KILLED, PREEMPTED,
                                CLUSTER_FAULT)
 

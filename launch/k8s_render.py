@@ -232,7 +232,7 @@ RESTART_POLICY = "ExitCode"
 
 def policy_retries(code: int) -> bool:
     """Whether ``RESTART_POLICY`` (the training operator's ExitCode) restarts a pod that exited ``code``."""
-    return 128 <= exit_codes.normalized(code) <= 255
+    return exit_codes.normalized(code) in exit_codes.RETRIED_CODES
 
 
 def _check_policy() -> None:

@@ -59,12 +59,25 @@ _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)  # lo
 
 def _die_with(parent: int):
     """A ``preexec_fn``: SIGTERM this child when ``parent`` (the launcher) dies, however it dies.
-    If the launcher is already gone when the child gets here, the child exits at once."""
+    If the launcher is already gone when the child gets here, the child exits at once, with the
+    code the death signal would have given it a moment later."""
     def setup() -> None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
         if os.getppid() != parent:
-            os._exit(1)
+            os._exit(exit_codes.signal_exit(signal.SIGTERM))
     return setup
+
+
+class WorkersTimedOut(ClusterError):
+    """The workers were still running when the launch's time-out (``--timeout``) ran out; they
+    have been stopped. A type, not a number: the old 124 returned in place of a process's code
+    could be read as a worker's own. Uncaught, it exits ``TIMED_OUT`` (124) as the launch does."""
+
+    exit_code = exit_codes.TIMED_OUT.code
+
+    def __init__(self, timeout_s: float):
+        super().__init__(f"workers still running after {timeout_s:.0f} s: stopped")
+        self.timeout_s = timeout_s
 
 
 class LaunchStopped(KeyboardInterrupt):
@@ -225,7 +238,7 @@ class LocalCluster:
 
     def wait_workers(self, waited: List[Child], timeout_s: Optional[float] = None) -> int:
         """Wait for ``waited`` (horovodrun, or the workers themselves) to exit; their first
-        non-zero code, 0, or 124 at the time-out. A stop signal is delivered to every rank as
+        non-zero code, or 0 (``DONE``); raises ``WorkersTimedOut`` at the time-out. A stop signal is delivered to every rank as
         the stop file (``deliver_stop``), running or still to start, so they checkpoint at one
         agreed step (``gmeta_tf/train/preemption.py``); after the grace period (plus a margin)
         they are stopped. A second signal raises ``LaunchStopped`` (the caller tears down)."""
@@ -254,7 +267,7 @@ class LocalCluster:
                     self._stop(c)
                 if not over:
                     self._note_exits(waited)
-                    return 124
+                    raise WorkersTimedOut(timeout_s)
                 break
             time.sleep(0.1)
         self._note_exits(waited)
@@ -264,7 +277,7 @@ class LocalCluster:
         codes = [c.proc.returncode for c in self.exit_order if c in waited and c.proc.returncode]
         if codes:
             self.first_failure_at = self.first_failure_at or time.time()
-        return codes[0] if codes else 0
+        return codes[0] if codes else exit_codes.DONE.code
 
     def _note_exits(self, waited: List[Child]) -> None:
         """Exits in the order they happened; a rank this launcher started and reaped itself gets

@@ -33,7 +33,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 from gmeta_tf import exit_codes
 from gmeta_tf.config.schema import ClusterConfig, check_elastic_cooldown
@@ -41,7 +41,7 @@ from gmeta_tf.errors import ClusterError, JobFailed
 from gmeta_tf.stop_signals import StopSignals
 from gmeta_tf.train.rank_status import STATUS_DIR, ExitReason, RankExit, RankStatus
 from gmeta_tf.train.restarts import RESTARTS_ENV, Restart, encode, mark
-from launch.local_cluster import LaunchStopped, LocalCluster
+from launch.local_cluster import LaunchStopped, LocalCluster, WorkersTimedOut
 from launch.network.faults import parse_fault
 from launch.network.profile import format_rate, parse_profile
 
@@ -106,9 +106,13 @@ def job_code(e: RankExit) -> int:
     return exit_codes.CLUSTER_FAULT.code
 
 
-def _failure(cluster: LocalCluster, code: int, timeout_s: Optional[float]) -> Optional[Failure]:
+def _failure(cluster: LocalCluster, code: Union[int, WorkersTimedOut], timeout_s: Optional[float]) -> Optional[Failure]:
     """None when the workers finished; else the failure, a dead PS first (the ranks' own
-    failures follow from it), then the first rank to fail (the others followed it)."""
+    failures follow from it), then the first rank to fail (the others followed it). ``code`` is
+    what the wait ended with: the workers' code, or the time-out (a type, never read as a code)."""
+    timed_out = isinstance(code, WorkersTimedOut)
+    if timed_out:  # said with the launch's --timeout, not what was left of it at this start
+        code = None
     problems, first_code, job, failed_at = [], None, None, cluster.first_failure_at
     for c in cluster.ps_children():
         if c.proc.poll() is not None:
@@ -116,22 +120,22 @@ def _failure(cluster: LocalCluster, code: int, timeout_s: Optional[float]) -> Op
             first_code = first_code if first_code is not None else c.proc.returncode
             job = job if job is not None else exit_codes.CLUSTER_FAULT.code
     # Under Horovod Elastic a rank lost while horovodrun finished the job was absorbed by the ring.
-    exits = [] if cluster.elastic and code == 0 else cluster.rank_exits()
+    exits = [] if cluster.elastic and code == exit_codes.DONE.code else cluster.rank_exits()
     if exits:
         problems.append(rank_problem(exits[0]))
         first_code = first_code if first_code is not None else exits[0].exit.code
         job = job if job is not None else job_code(exits[0].exit)
         failed_at = min(failed_at or exits[0].updated_unix, exits[0].updated_unix)
-    if code == 124:
+    if timed_out:
         problems.append(f"timed out after {timeout_s:.0f} s")
         job = exit_codes.TIMED_OUT.code
-    if code != 0 and not problems:
+    elif code != exit_codes.DONE.code and not problems:
         problems.append(f"horovodrun failed ({exit_codes.describe(code)})")
         first_code = code
         job = exit_codes.FAILED.code
     if not problems:
         return None
-    return Failure(problems, first_code, job, timed_out=code == 124, failed_at=failed_at)
+    return Failure(problems, first_code, job, timed_out=timed_out, failed_at=failed_at)
 
 
 def _workers_only(cluster: LocalCluster, failure: Failure) -> bool:
@@ -307,7 +311,10 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
                     if signals.received:  # no rank started yet: nothing to checkpoint
                         raise LaunchStopped(signals.first)
                     left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
-                    code = cluster.train(workers, _with_resume(train_argv) if history else train_argv, left)
+                    try:
+                        code = cluster.train(workers, _with_resume(train_argv) if history else train_argv, left)
+                    except WorkersTimedOut as e:
+                        code = e
                     exited = time.time()
                     failure = _failure(cluster, code, timeout_s)
                     step = cluster.last_step_seen()
@@ -326,7 +333,7 @@ def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster],
                     outcome = cluster.elastic_outcome() if cluster is not None else None
                     if outcome:
                         log(outcome)
-                    return 0
+                    return exit_codes.DONE.code
                 if failure.timed_out or len(history) >= restarts.max_restarts:
                     raise JobFailed("launch failed: " + "; ".join(failure.problems)
                                     + (f" (after {len(history)} restart(s))" if history else ""), failure.job_code)

@@ -8,7 +8,11 @@ lookups / upserts there over gRPC. Three things make it production-safe:
   a primitive operation``; ``load_tfra_kernels`` loads them before the server starts.
 * **A readiness probe, not a sleep.** An HTTP endpoint (``/ready``: 200 once the gRPC server is
   serving, 503 before) that the local launcher polls and a Kubernetes readinessProbe can use.
-* **Clean shutdown on SIGTERM/SIGINT** (TF's ``Server.join`` never returns): log and exit 0.
+* **Clean shutdown on SIGTERM/SIGINT/SIGHUP** (TF's ``Server.join`` never returns): the handler
+  only records the signal (``gmeta_tf/stop_signals.py``: a handler that logs or sets an Event can
+  deadlock on the lock the main thread holds where it is interrupted); the main loop, woken by the
+  wake-up pipe, logs and exits with the signal's code (143 for SIGTERM, ``gmeta_tf/exit_codes.py``),
+  so a scheduler's ExitCode policy restarts a PS stopped from outside.
 * **No orphan.** Started by ``gmeta launch local`` (``GMETA_LAUNCHER_PID`` set), the PS exits
   when the launcher is gone, even if it was killed with SIGKILL and could not stop its children.
 """
@@ -18,11 +22,15 @@ import glob
 import http.server
 import logging
 import os
-import signal
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
+
+from gmeta_tf import exit_codes
+
+if TYPE_CHECKING:
+    from gmeta_tf.stop_signals import StopSignals
 
 log = logging.getLogger("gmeta.ps")
 
@@ -71,41 +79,57 @@ def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
     health = None
     if health_port is not None:
         health = http.server.ThreadingHTTPServer(("0.0.0.0", health_port), _Health)
-        threading.Thread(target=health.serve_forever, daemon=True).start()
+        # a short poll: ``shutdown`` waits for it, and it comes between a stop signal and the exit
+        threading.Thread(target=health.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
 
-    stop = threading.Event()
-
-    def on_signal(signum, _frame):
-        log.info("ps %d (%s): signal %d, shutting down", index, address, signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    cluster = tf.train.ClusterSpec({"ps": ps_hosts})
-    server = tf.distribute.Server(cluster, job_name="ps", task_index=index, protocol="grpc", start=True)
-    _Health.ready.set()
-    if ready_file:
-        from gmeta_tf.atomic_file import replace_file
-
-        replace_file(ready_file, f"{server.target}\n")
-    log.info("ps %d ready at %s (grpc %s; TFRA kernels: %s; health port %s)",
-             index, address, server.target, ", ".join(kernels), health_port)
-    from gmeta_tf.process import pid_alive
+    from gmeta_tf.stop_signals import StopSignals
 
     launcher = int(os.environ.get("GMETA_LAUNCHER_PID", "0") or 0)
-    while not stop.wait(1.0):
-        if launcher and not pid_alive(launcher):
+    # Installed before the server starts, so a stop asked during the start is kept for after it.
+    with StopSignals() as signals:
+        cluster = tf.train.ClusterSpec({"ps": ps_hosts})
+        server = tf.distribute.Server(cluster, job_name="ps", task_index=index, protocol="grpc", start=True)
+        _Health.ready.set()
+        if ready_file:
+            from gmeta_tf.atomic_file import replace_file
+
+            replace_file(ready_file, f"{server.target}\n")
+        log.info("ps %d ready at %s (grpc %s; TFRA kernels: %s; health port %s)",
+                 index, address, server.target, ", ".join(kernels), health_port)
+        signum = _wait_for_stop(signals, launcher)
+        # Still inside the block: a second signal meanwhile is recorded too, not a default death.
+        if signum is not None:
+            log.info("ps %d (%s): %s, shutting down", index, address, exit_codes.signal_name(signum))
+            code = exit_codes.signal_exit(signum)
+        else:
             log.info("ps %d (%s): launcher (pid %d) is gone, shutting down", index, address, launcher)
-            break
-    if health is not None:
-        health.shutdown()
-    log.info("ps %d stopped", index)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # tf.distribute.Server has no stop(); its threads would keep the process alive.
-    os._exit(0)
+            code = exit_codes.DONE.code
+        if health is not None:
+            health.shutdown()
+        log.info("ps %d stopped", index)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # tf.distribute.Server has no stop(); its threads would keep the process alive.
+        os._exit(code)
+
+
+def _wait_for_stop(signals: "StopSignals", launcher: int) -> Optional[int]:
+    """The stop signal that ended the wait, or None when the launcher (``launcher``, 0: none) is
+    gone. Woken by the signal's byte on the wake-up pipe, so the exit follows the signal at once;
+    the launcher is looked at once a second."""
+    from gmeta_tf.process import pid_alive
+
+    while not signals.received:
+        if launcher and not pid_alive(launcher):
+            return None
+        if not signals.installed:  # served from another thread than the main one: no handler, no pipe
+            time.sleep(1.0)
+            continue
+        got = signals.wait(1.0)
+        if got and not signals.received:  # the byte came before the handler ran: it is the same signal
+            return got[0]
+    return signals.first
 
 
 def wait_ready(health_url: str, timeout_s: float, proc=None, stop=None) -> None:

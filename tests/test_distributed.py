@@ -205,7 +205,7 @@ def test_ps_serves_from_tf_config_and_stops_on_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0
+    assert proc.returncode == 143  # SIGTERM's own code: a scheduler restarts a PS stopped from outside
     assert f"ps 0 ready at 127.0.0.1:{grpc}" in out and "ps 0 stopped" in out
 
 

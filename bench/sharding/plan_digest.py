@@ -13,6 +13,7 @@ from typing import Dict
 
 from bench.sharding.run import ALGOS
 from bench.sharding.suite import OPTIMIZER_SLOTS, tasks
+from gmeta_tf import exit_codes
 from gmeta_tf.errors import PlanError
 from gmeta_tf.plan.cost_model import load_cost_model
 
@@ -65,7 +66,7 @@ def main(argv) -> int:
         json.dump(out, f, indent=0, sort_keys=True)
     plans = sum(v for k, v in out["seconds"].items() if k != "suite")
     print(f"suite built in {out['seconds']['suite']:.1f} s; {len(out['plans'])} plans in {plans:.1f} s")
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
+from gmeta_tf import exit_codes
 from gmeta_tf.cli.common import friendly_errors
 from gmeta_tf.cli.k8s_cmd import RenderRequest, echo_notes, output_option, render_options, write_render
 from gmeta_tf.errors import ClusterError, UserError
@@ -323,7 +324,7 @@ def logs_cmd(name, replica, index, follow, context, namespace):
     except KeyboardInterrupt:
         proc.terminate()
         proc.wait()
-        sys.exit(130)
+        sys.exit(exit_codes.INTERRUPTED.code)
     if rc != 0:
         raise _cluster_error(stderr, context, kubectl, f"read the log of pod {pod}",
                              not_found=f"pod {pod} (TFJob {name}, {replica} {index})")

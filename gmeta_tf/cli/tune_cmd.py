@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from gmeta_tf import exit_codes
 from gmeta_tf.cli.common import config_options, friendly_errors
 
 
@@ -40,7 +41,7 @@ def tune(config_path, overrides, data, space_path, trials, out, seed, timeout):
     click.echo(format_trials(result, [p.key for p in space.params]))
     if result.best is None:
         click.echo(f"no trial completed; see {out}/trials.json", err=True)
-        raise SystemExit(1)
+        raise SystemExit(exit_codes.FAILED.code)
     click.echo(f"best: trial {result.best['number']}, valid {result.metric} {result.best['value']:.4f} "
                f"at step {result.best['best_step']}; wrote {result.best_config} "
                f"(train it: gmeta train --config {result.best_config} --out RUN_DIR)")

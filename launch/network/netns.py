@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from gmeta_tf import exit_codes
 from gmeta_tf.errors import NetworkEmulationError
 from launch.network import cleanup, watchdog
 from launch.network.cleanup import ETC_NETNS, list_namespaces
@@ -338,9 +339,9 @@ def _main(argv: List[str]) -> int:
         require_privilege()
         for name in sweep_stale():
             print(name)
-        return 0
+        return exit_codes.DONE.code
     print("usage: python -m launch.network.netns sweep", file=sys.stderr)
-    return 2
+    return exit_codes.USER_ERROR.code
 
 
 if __name__ == "__main__":

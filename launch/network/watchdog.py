@@ -21,9 +21,23 @@ import sys
 from typing import List
 
 if __package__:
+    from gmeta_tf import exit_codes
     from launch.network import cleanup
 else:  # run by path (``start``): this file's directory is sys.path[0]
     import cleanup
+
+    def _exit_codes():
+        """The table (gmeta_tf/exit_codes.py, stdlib only) read by path: no import path here."""
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "gmeta_tf", "exit_codes.py")
+        spec = importlib.util.spec_from_file_location("_gmeta_exit_codes", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+
+    exit_codes = _exit_codes()
 
 _READY = b"ready\n"
 
@@ -56,7 +70,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def main(argv: List[str]) -> int:
     owner, prefix = int(argv[0]), argv[1]
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # the owner tore down itself
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(exit_codes.DONE.code))  # the owner tore down itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal is the owner's to handle
     try:
         fd = os.pidfd_open(owner)
@@ -68,7 +82,7 @@ def main(argv: List[str]) -> int:
         select.select([fd], [], [])  # readable once the owner has exited
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the cleanup once begun
     cleanup.remove_owned(prefix)
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":
