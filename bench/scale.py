@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from bench.data import BENCH_DIR, WORK
+from gmeta_tf import exit_codes
 
 REPO = BENCH_DIR.parent
 ROWS_PER_TASK = 67  # synth's mean rows per user (gmeta_tf/data/synth.py): 15k tasks are ~1M rows
@@ -230,7 +231,7 @@ def main(argv: List[str]) -> int:
     smoke = "--smoke" in argv
     rows = [int(a) for a in argv if a.isdigit()] or [1_000_000, 10_000_000]
     print(json.dumps(measure_scale(rows, smoke=smoke), indent=1))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import sys
 import time
 from typing import Dict, List, Sequence
 
+from gmeta_tf import exit_codes
+
 BATCH = 200_000  # ids per upsert: 12.8 MB of dim-16 rows, one request to the PS
 SLOTS_PER_BUCKET = 4  # libcuckoo's LIBCUCKOO_DEFAULT_SLOT_PER_BUCKET
 MAX_LOCKS = 1 << 16  # libcuckoo's kMaxNumLocks, each lock 64 bytes (LIBCUCKOO_ALIGNAS(64))
@@ -283,14 +285,14 @@ def main(argv: List[str]) -> int:
     if argv and argv[0] == "fill":
         opt = {argv[i]: argv[i + 1] for i in range(2, len(argv) - 1, 2)}
         print(json.dumps(fill(int(argv[1]), int(opt.get("--pid", 0)), opt.get("--ps", ""))))
-        return 0
+        return exit_codes.DONE.code
     if argv and argv[0] == "evict":
         print(json.dumps(evict(int(argv[1]))))
-        return 0
+        return exit_codes.DONE.code
     smoke = "--smoke" in argv
     ids = [int(a) for a in argv if a.isdigit()] or [1_000_000, 10_000_000]
     print(json.dumps(measure_tables(ids, smoke=smoke), indent=1))
-    return 0
+    return exit_codes.DONE.code
 
 
 if __name__ == "__main__":
