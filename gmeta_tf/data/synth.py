@@ -39,7 +39,7 @@ reproduced a block at a time. Here:
   without remembering earlier blocks).
 * Each block is ordered by time (an event log per block); prepare regroups by task anyway.
 * A later day starts ``DAY_SPAN`` after the day before; the rare user whose history would run
-  past ``HISTORY_CAP`` (> 10 standard deviations above the mean) has it compressed to fit, so a
+  past ``HISTORY_CAP`` (> 20 standard deviations above a 600-event history's mean) has it compressed to fit, so a
   later day always comes after the ones before it.
 
 Everything is vectorized numpy per chunk (no per-sample Python).
@@ -74,7 +74,7 @@ MIN_TASK, MAX_TASK = 8, 600
 T0 = 1_700_000_000  # first timestamp (seconds)
 DAY = 86_400
 FIRST_SPREAD = 60 * DAY  # a user's first event falls in the population's first 60 days
-HISTORY_CAP = 300 * DAY  # mean history ~150 days, sd ~6 days: the cap practically never binds
+HISTORY_CAP = 300 * DAY  # a 600-event history spans ~150 days (sd ~6): the cap practically never binds
 DAY_SPAN = 365 * DAY  # day d + 1 starts this long after day d (> FIRST_SPREAD + HISTORY_CAP)
 CHUNK_TASKS = 1000  # users per generator: the unit the rows are a function of
 TASKS_PER_BLOCK = 10_000  # users in memory at once while writing (~670k rows)
@@ -282,7 +282,8 @@ def _block_table(world: World, cols: Dict[str, np.ndarray], kind: str, ts_shift:
 
 
 def _block_rows(world: World, seed: int, kind: str, lo: int, hi: int) -> Dict[str, np.ndarray]:
-    """Rows of global users lo … hi − 1: whole chunks drawn, the users outside dropped."""
+    """Rows of global users lo … hi − 1: whole chunks drawn, the users outside dropped (a block
+    size that is a multiple of CHUNK_TASKS draws each chunk once)."""
     parts = [_chunk(world, seed, c, kind) for c in range(lo // CHUNK_TASKS, -(-hi // CHUNK_TASKS))]
     cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     keep = (cols["task"] >= lo) & (cols["task"] < hi)
