@@ -166,3 +166,19 @@ def _profile(directory, sample, exact_max_ids, top_k, cfg):
         click.echo(select_hot(seen, dims, cfg.train.embedding_optimizer, cfg.hot.budget_bytes,
                               cfg.hot.min_count).format())
     click.echo(f"wrote {path}")
+
+
+@data.command("combine")
+@click.argument("part_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (one prepared data set).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@friendly_errors
+def combine_cmd(part_dirs, out, overwrite):
+    """Combine the PART_DIRS of 'gmeta data prepare --part I/N' (all N of them) into OUT.
+
+    Shard files are hard-linked (copied across filesystems); schema.json's statistics are
+    combined (see gmeta_tf/data/combine.py for how each one is).
+    """
+    from gmeta_tf.data.combine import combine, format_summary
+
+    click.echo(format_summary(combine(list(part_dirs), out, overwrite=overwrite)))
