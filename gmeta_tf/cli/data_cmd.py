@@ -30,13 +30,19 @@ def data():
 @click.option("--day", default=0, show_default=True, type=click.IntRange(min=0),
               help="A later day of the same world (same seed): TASKS new users after every earlier day's events, "
                    "some item ids no earlier day had (for gmeta train --warm-start).")
+@click.option("--tasks-per-block", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Users generated and held in memory at a time (bounds memory; the rows do not depend on it).")
+@click.option("--rows-per-file", default=100_000, show_default=True, type=click.IntRange(min=1),
+              help="Most rows per Parquet file (a file never spans two blocks).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @friendly_errors
-def synth_cmd(out, tasks, seed, kind, zipf, day, overwrite):
-    """Write synthetic sample-level Parquet + columns.json to OUT."""
+def synth_cmd(out, tasks, seed, kind, zipf, day, tasks_per_block, rows_per_file, overwrite):
+    """Write synthetic sample-level Parquet + columns.json to OUT, a block of users at a time."""
     from gmeta_tf.data.synth import format_summary, synth
 
-    click.echo(format_summary(synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite, day=day)))
+    summary = synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite, day=day,
+                    tasks_per_block=tasks_per_block, rows_per_file=rows_per_file, progress=True)
+    click.echo(format_summary(summary))
 
 
 def _csv_list(value):
@@ -160,3 +166,19 @@ def _profile(directory, sample, exact_max_ids, top_k, cfg):
         click.echo(select_hot(seen, dims, cfg.train.embedding_optimizer, cfg.hot.budget_bytes,
                               cfg.hot.min_count).format())
     click.echo(f"wrote {path}")
+
+
+@data.command("combine")
+@click.argument("part_dirs", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory (one prepared data set).")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@friendly_errors
+def combine_cmd(part_dirs, out, overwrite):
+    """Combine the PART_DIRS of 'gmeta data prepare --part I/N' (all N of them) into OUT.
+
+    Shard files are hard-linked (copied across filesystems); schema.json's statistics are
+    combined (see gmeta_tf/data/combine.py for how each one is).
+    """
+    from gmeta_tf.data.combine import combine, format_summary
+
+    click.echo(format_summary(combine(list(part_dirs), out, overwrite=overwrite)))

@@ -139,7 +139,7 @@ def write_render(request: RenderRequest, out_file: Optional[str]) -> None:
 
 @click.group("k8s")
 def k8s_group():
-    """Kubernetes: render a Kubeflow TFJob; the entrypoint its pods run."""
+    """Kubernetes: render a Kubeflow TFJob (or the prepare Jobs); the entrypoint its pods run."""
 
 
 @k8s_group.command("render")
@@ -153,3 +153,41 @@ def render_cmd(request: RenderRequest, out_file):
     Horovod ring as a worker. Apply with `kubectl apply -f` or `gmeta job submit`.
     """
     write_render(request, out_file)
+
+
+@k8s_group.command("render-prepare")
+@click.option("--image", required=True, help="Container image with gmeta-tf installed (the `gmeta` command).")
+@click.option("--parts", type=int, required=True,
+              help="N: pods of the Indexed Job; pod I runs `gmeta data prepare --part I/N`.")
+@click.option("--input", "inputs", multiple=True, required=True,
+              help="Sample-level input (file or directory) as the pods see it, under --mount; repeatable.")
+@click.option("--dest", required=True,
+              help="The combined prepared data set as the pods see it, under --mount (parts go to DEST-parts/).")
+@click.option("--pvc", required=True, metavar="CLAIM", help="PersistentVolumeClaim every pod mounts at --mount.")
+@click.option("--mount", default="/data", show_default=True, help="Where the claim is mounted in the pods.")
+@click.option("--name", default="gmeta-prepare", show_default=True, help="Job name (the combine Job adds -combine).")
+@click.option("--namespace", default=None, help="Namespace of both Jobs (default: kubectl's).")
+@click.option("--set", "overrides", multiple=True, metavar="prepare.KEY=VALUE",
+              help="A prepare setting every part gets (e.g. prepare.shards=64); repeatable.")
+@click.option("--cpu", default="4", show_default=True, help="CPU per pod.")
+@click.option("--memory", default="16Gi", show_default=True, help="Memory per pod.")
+@click.option("--backoff-limit", type=int, default=3, show_default=True, help="Pod retries per Job.")
+@output_option
+@friendly_errors
+def render_prepare_cmd(image, parts, inputs, dest, pvc, mount, name, namespace, overrides, cpu, memory,
+                       backoff_limit, out_file):
+    """Write `gmeta data prepare` as an Indexed batch/v1 Job of N parts plus the Job that combines them.
+
+    Both Jobs are validated against the kubernetes client's batch/v1 Job model before anything is
+    written. Apply both at once: the combine Job waits for every part's schema.json.
+    """
+    from launch.k8s_render import to_yaml
+    from launch.prepare_job import PrepareJob, render
+
+    job = PrepareJob(image=image, parts=parts, inputs=tuple(inputs), dest=dest, pvc=pvc, mount=mount, name=name,
+                     namespace=namespace, overrides=tuple(overrides), cpu=cpu, memory=memory,
+                     backoff_limit=backoff_limit)
+    docs = render(job)
+    if write_output(to_yaml(docs), out_file):
+        click.echo(f"wrote {out_file}: Job {docs[0]['metadata']['name']} ({parts} indexed part(s)), "
+                   f"Job {docs[1]['metadata']['name']} (combine into {dest})")
