@@ -212,10 +212,23 @@ def test_parts_add_up_to_the_one_machine_output(synth_small, tmp_path, split_by)
     for key in ("samples", "train_samples"):
         assert sum(p[key] for p in parts) == whole_schema["part"][key]
     np.testing.assert_allclose(sum(p["label"]["sum"] for p in parts), whole_schema["part"]["label"]["sum"])
+    for c in whole_schema["categorical"] + whole_schema["multi_hot"]:
+        union = np.unique(np.concatenate([np.load(tmp_path / f"p{i}" / "part_ids" / f"{c['name']}.npz")["ids"]
+                                          for i in range(3)]))
+        assert union.size == c["cardinality"]
+        np.testing.assert_array_equal(union, np.load(whole / "part_ids" / f"{c['name']}.npz")["ids"])
+        counts = {}
+        for i in range(3):
+            z = np.load(tmp_path / f"p{i}" / "id_counts" / f"{c['name']}.npz")
+            for k, n in zip(z["ids"].tolist(), z["counts"].tolist()):
+                counts[k] = counts.get(k, 0) + n
+        z = np.load(whole / "id_counts" / f"{c['name']}.npz")
+        assert counts == dict(zip(z["ids"].tolist(), z["counts"].tolist()))
     # a task's assignment does not depend on the other tasks: splits stay disjoint by task
-    ids = {s: set(pq.read_table(whole / rel).column(fmt.TASK_ID).to_pylist())
-           for s in fmt.SPLITS for rel in whole_schema["splits"][s]["files"]}
-    assert ids
+    ids = {s: {t for rel in whole_schema["splits"][s]["files"]
+               for t in pq.read_table(whole / rel).column(fmt.TASK_ID).to_pylist()} for s in fmt.SPLITS}
+    assert all(ids.values()) and sum(len(v) for v in ids.values()) == len(set().union(*ids.values()))
+    assert sum(len(v) for v in ids.values()) == r["tasks_kept"]
 
 
 def test_part_option_errors(synth_small, tmp_path):

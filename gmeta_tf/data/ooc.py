@@ -52,6 +52,7 @@ from gmeta_tf.errors import DataError
 
 WORK_DIR = "_prepare_work"  # inside the output's temp dir; removed before the rename
 FETCH_ROWS = 1 << 16
+PART_IDS_DIR = "part_ids"  # --part only (task_format: part)
 
 
 def _sql_str(path: Path) -> str:
@@ -424,7 +425,7 @@ def _id_counts(con, src: str, tmp: Path, work: Path, col: str) -> Tuple[str, Dic
 
 
 def _statistics(con, written: Path, tmp: Path, work: Path, m: Mapping, m_out: Mapping, nm: _Names,
-                hashed: Dict[str, bool]) -> Dict:
+                hashed: Dict[str, bool], part: bool) -> Dict:
     w = f"read_parquet({_sql_str(written)})"
     n_train = int(_one(con, f"SELECT count(*) FROM {w} WHERE tr")[0])
     categorical = [
@@ -452,6 +453,15 @@ def _statistics(con, written: Path, tmp: Path, work: Path, m: Mapping, m_out: Ma
     table_stats, id_counts = {}, {}
     sources = {c: f"SELECT {nm.cat[c]} AS id FROM {w} WHERE tr" for c in m.categorical}
     sources.update({c: f"SELECT unnest({nm.multi[c]}) AS id FROM {w} WHERE tr" for c in m.multi_hot})
+    if part:  # the distinct ids of every split, for a merged cardinality (task_format: part)
+        (tmp / PART_IDS_DIR).mkdir()
+        every = {c: f"SELECT {nm.cat[c]} AS id FROM {w}" for c in m.categorical}
+        every.update({c: f"SELECT unnest({nm.multi[c]}) AS id FROM {w}" for c in m.multi_hot})
+        for c, src in every.items():
+            npz = _NpzStream(tmp / PART_IDS_DIR / f"{c}.npz", work, {"ids": "<i8"})
+            for b in con.sql(f"SELECT DISTINCT id FROM ({src}) ORDER BY id").to_arrow_reader(FETCH_ROWS):
+                npz.add(ids=b.column(0).to_numpy())
+            npz.close()
     for c, src in sources.items():
         rel, st = _id_counts(con, src, tmp, work, c)
         id_counts[c] = rel
@@ -529,7 +539,7 @@ def prepare_ooc(files: Sequence[Path], m: Mapping, cfg: PrepareConfig, tmp: Path
         task_ids = names[layout.order].astype(str)
         split_info = _write(con, work / "spool2.parquet", work / "written.parquet", tmp, m, m_out, nm, cfg, layout,
                             task_ids, sizes, n_train, g, cfg.shards)
-        st = _statistics(con, work / "written.parquet", tmp, work, m, m_out, nm, read.hashed)
+        st = _statistics(con, work / "written.parquet", tmp, work, m, m_out, nm, read.hashed, part is not None)
     finally:
         con.close()
     shutil.rmtree(work)
