@@ -52,6 +52,9 @@ from gmeta_tf.errors import DataError
 
 WORK_DIR = "_prepare_work"  # inside the output's temp dir; removed before the rename
 FETCH_ROWS = 1 << 16
+# Spool files are written once and read once or twice, on the same disk: plain encoding writes
+# fastest (dictionary pages and compression cost more CPU than the bytes they save here).
+SPOOL_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False}
 PART_IDS_DIR = "part_ids"  # --part only (task_format: part)
 
 
@@ -148,7 +151,7 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
                 res.kept_rows += len(s)
                 t = _spool_batch(s, res.task_codes(s), base, m, nm)
                 if writer is None:
-                    writer = pq.ParquetWriter(spool, t.schema, compression="lz4")
+                    writer = pq.ParquetWriter(spool, t.schema, **SPOOL_OPTIONS)
                 writer.write_table(t)
     finally:
         bar.close()
@@ -179,7 +182,7 @@ def _rank(spool1: Path, spool2: Path, task_rank: np.ndarray, cfg: PrepareConfig)
             elif cfg.split_by == "random":  # --part: a key of the row alone (parts.row_keys)
                 t = t.append_column("k", pa.array(parts.row_keys(t.column("r").to_numpy(), cfg.seed)))
             if writer is None:
-                writer = pq.ParquetWriter(spool2, t.schema, compression="lz4")
+                writer = pq.ParquetWriter(spool2, t.schema, **SPOOL_OPTIONS)
             writer.write_table(t)
     finally:
         if writer is not None:
@@ -377,7 +380,7 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
                         writer.write_table(table, row_group_size=cfg.rows_per_group)
                         wb = _written_batch(s, m, nm, train)
                         if w_writer is None:
-                            w_writer = pq.ParquetWriter(written, wb.schema, compression="lz4")
+                            w_writer = pq.ParquetWriter(written, wb.schema, **SPOOL_OPTIONS)
                         w_writer.write_table(wb)
                 finally:
                     if writer is not None:
