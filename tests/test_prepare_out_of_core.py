@@ -231,6 +231,28 @@ def test_parts_add_up_to_the_one_machine_output(synth_small, tmp_path, split_by)
     assert sum(len(v) for v in ids.values()) == r["tasks_kept"]
 
 
+def test_parts_with_empty_shards_and_a_part_without_tasks(synth_small, tmp_path):
+    cfg = dict(min_task_size=90, max_task_size=1000, shards=12, valid_frac=0.2, test_frac=0.2)
+    whole = tmp_path / "whole"
+    prepare([str(synth_small)], str(whole),
+            PrepareConfig(query=4, max_support=8, rows_per_group=7, seed=5, part="0/1", **cfg))
+    schema = json.loads((whole / fmt.SCHEMA_FILE).read_text())
+    rows = {rel: pq.read_metadata(whole / rel).num_rows for s in fmt.SPLITS for rel in schema["splits"][s]["files"]}
+    assert len(rows) == 36 and 0 in rows.values() and sum(rows.values()) == schema["summary"]["tasks_kept"]
+    empty_parts = [i for i in range(12)
+                   if all(n == 0 for rel, n in rows.items() if rel.split("-")[1] == f"{i:05d}")]
+    assert empty_parts, rows
+    i = empty_parts[0]
+    out = tmp_path / "empty"
+    r = prepare([str(synth_small)], str(out),
+                PrepareConfig(query=4, max_support=8, rows_per_group=7, seed=5, part=f"{i}/12", **cfg))
+    assert r["tasks_kept"] == 0 and r["samples"] == 0
+    for s in fmt.SPLITS:
+        for rel in json.loads((out / fmt.SCHEMA_FILE).read_text())["splits"][s]["files"]:
+            t = pq.read_table(out / rel)
+            assert t.num_rows == 0 and t.schema.equals(pq.read_schema(whole / rel))
+
+
 def test_part_option_errors(synth_small, tmp_path):
     with pytest.raises(ConfigError, match="prepare.part"):
         _part_cfg(part="3/4")  # N > shards

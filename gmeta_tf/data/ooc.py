@@ -172,9 +172,7 @@ def _rank(spool1: Path, spool2: Path, task_rank: np.ndarray, cfg: PrepareConfig)
     try:
         for b in pq.ParquetFile(spool1).iter_batches(batch_size=FETCH_ROWS):
             rank = task_rank[b.column(0).to_numpy()]
-            keep = rank >= 0
-            if not keep.any():
-                continue
+            keep = rank >= 0  # (an empty batch still writes: a part may keep no task at all)
             t = pa.Table.from_batches([b]).filter(pa.array(keep)).drop_columns(["t"])
             t = t.add_column(0, "rank", pa.array(rank[keep]))
             if rng is not None:
@@ -351,6 +349,16 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
            f"ORDER BY sp.rank, sp.{_order_key(cfg)}, sp.r")
     reader = con.sql(sql).to_arrow_reader(FETCH_ROWS)
     rows = _Selected(reader, sizes, cfg.query, cfg.max_support)
+
+    def chunk(t: pa.Table, c: int, d: int, train: bool) -> Tuple[Samples, pa.Table]:
+        """Tasks ``c:d`` (their selected rows ``t``) as samples and as a shard's table."""
+        s = _chunk_samples(t, m, nm, cfg, g, train)
+        isq = t.column("_q").to_numpy(zero_copy_only=False)
+        sup = _Columns(s, m_out, np.flatnonzero(~isq), n_support[c:d])
+        qry = _Columns(s, m_out, np.flatnonzero(isq), n_query[c:d])
+        return s, shard_table(task_ids[c:d], n_support[c:d], n_query[c:d], sup, qry, m_out, s.row,
+                              sel_off[c:d + 1] - sel_off[c], 0, d - c)
+
     info: Dict[str, Dict] = {}
     w_writer = None
     empty: List[str] = []  # shards without tasks (only with --part): written once a schema is known
@@ -368,12 +376,7 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
                         d = min(c + cfg.rows_per_group, b)
                         t = rows.take(int(sel_off[d] - sel_off[c]))
                         train = c < n_train
-                        s = _chunk_samples(t, m, nm, cfg, g, train)
-                        isq = t.column("_q").to_numpy(zero_copy_only=False)
-                        sup = _Columns(s, m_out, np.flatnonzero(~isq), n_support[c:d])
-                        qry = _Columns(s, m_out, np.flatnonzero(isq), n_query[c:d])
-                        table = shard_table(task_ids[c:d], n_support[c:d], n_query[c:d], sup, qry, m_out, s.row,
-                                            sel_off[c:d + 1] - sel_off[c], 0, d - c)
+                        s, table = chunk(t, c, d, train)
                         if writer is None:
                             writer = pq.ParquetWriter(tmp / rel, table.schema)
                             schema = table.schema
@@ -397,6 +400,11 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
     for _ in reader:  # the query is finished only once read to its end
         pass
     reader.close()
+    if schema is None:  # no task in any shard of this part
+        none = pq.read_schema(spool2).empty_table()
+        s, table = chunk(none.append_column("_q", pa.array([], pa.bool_())), 0, 0, False)
+        schema = table.schema
+        pq.write_table(_written_batch(s, m, nm, False), written, **SPOOL_OPTIONS)
     for rel in empty:
         pq.write_table(schema.empty_table(), tmp / rel)
     return info
