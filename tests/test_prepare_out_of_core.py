@@ -267,3 +267,37 @@ def test_part_option_errors(synth_small, tmp_path):
                                   "--shards", "3", "--min-task-size", "30", "--query", "4"])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "c" / fmt.SCHEMA_FILE).read_text())["part"]["index"] == 1
+
+
+def test_small_memory_limit_and_a_failure_leaves_nothing(synth_small, tmp_path):
+    """A small ``prepare.memory_limit`` is honoured (same output), the work files are gone from a
+    finished output, and a run that fails after the spool is written leaves no temp dir behind."""
+    cfg = PrepareConfig(query=4, max_support=8, min_task_size=30, max_task_size=150, shards=2, seed=1)
+    tight = tmp_path / "tight"
+    prepare([str(synth_small)], str(tight), dataclasses.replace(cfg, memory_limit="48MiB"))
+    ref = tmp_path / "ref"
+    prepare([str(synth_small)], str(ref), dataclasses.replace(cfg, engine="memory"))
+    assert_same_output(ref, tight)
+    assert not list(tight.rglob("*.raw")) and not (tight / "_prepare_work").exists()
+    with pytest.raises(DataError, match="prepare.target_encoding: 'nope'"):
+        prepare([str(synth_small)], str(tmp_path / "bad"), dataclasses.replace(cfg, target_encoding=["nope"]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref", "tight"]
+
+
+def test_progress_line_on_a_terminal(synth_small, tmp_path, monkeypatch):
+    import io
+    import sys
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    prepare([str(synth_small)], str(tmp_path / "o"), PrepareConfig(min_task_size=30, query=4, shards=2),
+            progress=True)
+    assert "prepare: read" in err.getvalue() and "rows" in err.getvalue()
+    err2 = Tty()
+    monkeypatch.setattr(sys, "stderr", err2)
+    prepare([str(synth_small)], str(tmp_path / "q"), PrepareConfig(min_task_size=30, query=4, shards=2))
+    assert err2.getvalue() == ""
