@@ -117,7 +117,6 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
     from tqdm import tqdm
 
     hashed = decisions(sources, m)
-    split = {}
     nm = _Names(m)
     res = _Read()
     first_error: Optional[DataError] = None

@@ -15,6 +15,11 @@ Pipeline (each step is a small module, all vectorized over samples):
                    ``atomic`` renames into place only when complete;
 5. ``stats``       cardinalities, pooling, dense and label statistics (train split), and
                    the per-table access statistics the sharding planner uses.
+
+That is the in-memory engine (``prepare.engine=memory``): simple, and the reference, but it holds
+every input row (~400 B each). The default, ``prepare.engine=duckdb`` (``ooc.py``), runs the same
+steps streamed, with the sort on disk in DuckDB, and writes the same files; only it can prepare one
+part of N (``prepare.part``, ``parts.py``).
 """
 from __future__ import annotations
 
