@@ -78,7 +78,9 @@ class PrepareConfig:
     # disk, so its memory does not grow with the input (only the task list is held); ``memory``
     # holds every input row (~400 B each), the reference the other is tested against.
     engine: Literal["duckdb", "memory"] = "duckdb"
-    memory_limit: str = "1GiB"  # DuckDB's memory limit (it spills to the output's temp dir beyond it)
+    # DuckDB's memory limit; it spills to the output's temp dir beyond it. Most of prepare's peak
+    # RSS (10M rows: 1,361 MiB at 1GiB, 832 MiB at 512MiB, no slower; bench/prepare_engines.py).
+    memory_limit: str = "512MiB"
     # "I/N": prepare only part I of N (``gmeta data prepare --part``), so N machines prepare one log:
     # tasks go to splits and shards by a hash of (task id, seed), part I writes the shards s with
     # s % N == I. None: the whole data set with the seeded shuffle of ``data/split.py``.
