@@ -71,6 +71,9 @@ _PREPARE_OPTIONS = [
     ("--shards", "shards", int, False),
     ("--rows-per-group", "rows_per_group", int, False),
     ("--on-bad-rows", "on_bad_rows", click.Choice(["error", "skip"]), False),
+    # I/N: only the shards s with s % N == I, tasks assigned by a hash of (task id, seed), so N
+    # machines prepare one log and their outputs add up (gmeta_tf/data/parts.py)
+    ("--part", "part", str, False),
 ]
 
 
@@ -104,7 +107,7 @@ def prepare_cmd(inputs, out, overwrite, config_path, overrides, run_profile=Fals
             value = _csv_list(value)
         extra[f"prepare.{key}"] = json.dumps(value)
     cfg = build_config(config_path, overrides, extra)
-    click.echo(format_summary(prepare(list(inputs), out, cfg.prepare, overwrite=overwrite)))
+    click.echo(format_summary(prepare(list(inputs), out, cfg.prepare, overwrite=overwrite, progress=True)))
     if run_profile:
         _profile(out, 1.0, 1 << 16, 1 << 17, cfg)
 

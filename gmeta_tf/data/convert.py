@@ -71,21 +71,27 @@ class BadRows:
         if mask is not None and mask.any():
             self.items.append((reason, column, role, mask, show))
 
+    def first_error(self) -> Optional[DataError]:
+        """The error ``on_bad_rows=error`` raises: the first bad row (ties: reason order found)."""
+        if not self.items:
+            return None
+        firsts = [int(np.argmax(m)) for (_, _, _, m, _) in self.items]
+        k = int(np.argmin(firsts))
+        reason, col, role, _, show = self.items[k]
+        row = firsts[k]
+        value = f" (value {show(row)})" if show else ""
+        return DataError(
+            f"{self.rows.locate(row)}: {role} column '{col}': {_REASON_TEXT[reason]}{value}; "
+            f"fix the data or pass --on-bad-rows skip to drop such rows"
+        )
+
     def resolve(self, policy: str) -> Tuple[np.ndarray, Dict[str, int]]:
         n = self.rows.num_rows
         counts = {r: 0 for r in REASONS}
         if not self.items:
             return np.ones(n, dtype=bool), counts
         if policy == "error":
-            firsts = [int(np.argmax(m)) for (_, _, _, m, _) in self.items]
-            k = int(np.argmin(firsts))
-            reason, col, role, _, show = self.items[k]
-            row = firsts[k]
-            value = f" (value {show(row)})" if show else ""
-            raise DataError(
-                f"{self.rows.locate(row)}: {role} column '{col}': {_REASON_TEXT[reason]}{value}; "
-                f"fix the data or pass --on-bad-rows skip to drop such rows"
-            )
+            raise self.first_error()
         taken = np.zeros(n, dtype=bool)
         for reason in REASONS:
             for (r, _, _, m, _) in self.items:
@@ -180,14 +186,16 @@ def hash_unique(arr: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
     return uniq[idx], nulls
 
 
-def _id_values(rows: InputRows, chunks: List[pa.Array], col: str, role: str, bases: np.ndarray):
-    """Id arrays (one per file) → (int64 ids, null mask, hashed?)."""
+def _id_values(rows: InputRows, chunks: List[pa.Array], col: str, role: str, bases: np.ndarray,
+               force_string: bool = False):
+    """Id arrays (one per file) → (int64 ids, null mask, hashed?). ``force_string``: another input
+    file (of a streamed read) holds strings in this column, so these ids are hashed as strings too."""
     chunks = [_plain(a) for a in chunks]
     kinds = [_kind(a.type) for a in chunks]
     for i, k in enumerate(kinds):
         if k not in ("int", "float", "bool", "string", "null"):
             _wrong_type(rows, i, col, role, chunks[i].type, "integer or string ids")
-    if "string" in kinds:
+    if "string" in kinds or force_string:
         strs = [a.cast(pa.string()) for a in chunks]
         ids, nulls = hash_unique(pa.concat_arrays(strs) if strs else pa.array([], pa.string()))
         return ids, nulls, True
@@ -244,15 +252,18 @@ def _label(rows: InputRows, m: Mapping, bad: BadRows) -> np.ndarray:
     return v
 
 
-def _categorical(rows: InputRows, col: str, bad: BadRows, role: str = "categorical"):
-    ids, nulls, hashed = _id_values(rows, rows.chunks(col), col, role, rows.offsets)
+def _categorical(rows: InputRows, col: str, bad: BadRows, role: str = "categorical", force_string: bool = False):
+    ids, nulls, hashed = _id_values(rows, rows.chunks(col), col, role, rows.offsets, force_string)
     bad.add("null_id", col, role, nulls)
     neg = ids < 0
     bad.add("negative_id", col, role, neg, lambda r: str(int(ids[r])))
     return ids, hashed
 
 
-def _multi_hot(rows: InputRows, col: str, bad: BadRows) -> Tuple[pa.ListArray, bool]:
+def _multi_hot(rows: InputRows, col: str, bad: BadRows, force_string: bool = False,
+              split_as_string: bool = False) -> Tuple[pa.ListArray, bool]:
+    """``force_string``: another file's ids are strings, so all are hashed; ``split_as_string``: a
+    CSV cell piece of this file (elsewhere in a streamed read) is not an integer, so none is cast."""
     lengths, values, value_row, split_strings = [], [], [], []
     base = 0
     for i, a in enumerate(rows.chunks(col)):
@@ -276,10 +287,11 @@ def _multi_hot(rows: InputRows, col: str, bad: BadRows) -> Tuple[pa.ListArray, b
             flat = flat.filter(pa.array(keep))
             vrow = vrow[keep]
             lens = np.bincount(vrow - base, minlength=len(a)).astype(np.int64)
-            try:  # CSV ids that all look like integers are integers, as CSV type inference does
-                flat = flat.cast(pa.int64())
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                pass
+            if not split_as_string:
+                try:  # CSV ids that all look like integers are integers, as CSV type inference does
+                    flat = flat.cast(pa.int64())
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    pass
         ek = _kind(flat.type)
         if ek not in ("int", "float", "bool", "string", "null"):
             _wrong_type(rows, i, col, "multi-hot", a.type, "a list of integer or string ids")
@@ -292,7 +304,7 @@ def _multi_hot(rows: InputRows, col: str, bad: BadRows) -> Tuple[pa.ListArray, b
 
     # Element-level problems are reported at the row that holds the element (``vrow``).
     kinds = [_kind(v.type) for v in values]
-    if "string" in kinds:
+    if "string" in kinds or force_string:
         ids, nulls = hash_unique(pa.concat_arrays([v.cast(pa.string()) for v in values]))
         hashed = True
     else:
@@ -369,21 +381,50 @@ def _time(rows: InputRows, col: str, bad: BadRows) -> np.ndarray:
     return np.concatenate(vals).astype(np.int64)
 
 
-def convert(rows: InputRows, m: Mapping, on_bad_rows: str) -> Tuple[Samples, Dict[str, int]]:
-    """All mapped columns → ``Samples`` (bad rows dropped or reported) + skipped-row counts."""
+@dataclass
+class Columns:
+    """Every mapped column converted (bad rows still in), with the bad-row masks."""
+
+    task: np.ndarray
+    names: np.ndarray
+    label: np.ndarray
+    cats: Dict[str, np.ndarray]
+    multi: Dict[str, pa.ListArray]
+    dense: np.ndarray
+    time: Optional[np.ndarray]
+    hashed: Dict[str, bool]
+    bad: BadRows
+
+
+def convert_columns(rows: InputRows, m: Mapping, force_string: Optional[Dict[str, bool]] = None,
+                    split_as_string: Optional[Dict[str, bool]] = None) -> Columns:
+    """Every mapped column of ``rows`` typed; structural problems raise, bad rows are only marked.
+    The two dicts carry whole-input decisions into one batch of a streamed read (``ooc_input``)."""
+    fs, sp = force_string or {}, split_as_string or {}
     bad = BadRows(rows)
     task, names = _task(rows, m.task_col, bad)
     label = _label(rows, m, bad)
     cats, hashed = {}, {}
     for col in m.categorical:
-        cats[col], hashed[col] = _categorical(rows, col, bad)
+        cats[col], hashed[col] = _categorical(rows, col, bad, force_string=fs.get(col, False))
     multi = {}
     for col in m.multi_hot:
-        multi[col], hashed[col] = _multi_hot(rows, col, bad)
+        multi[col], hashed[col] = _multi_hot(rows, col, bad, fs.get(col, False), sp.get(col, False))
     dense = _dense(rows, m.dense, bad)
     time = _time(rows, m.time_col, bad) if m.time_col else None
+    return Columns(task, names, label, cats, multi, dense, time, hashed, bad)
 
-    keep, counts = bad.resolve(on_bad_rows)
+
+def convert(rows: InputRows, m: Mapping, on_bad_rows: str) -> Tuple[Samples, Dict[str, int]]:
+    """All mapped columns → ``Samples`` (bad rows dropped or reported) + skipped-row counts."""
+    c = convert_columns(rows, m)
+    return keep_rows(rows, c, *c.bad.resolve(on_bad_rows))
+
+
+def keep_rows(rows: InputRows, c: Columns, keep: np.ndarray, counts: Dict[str, int]) -> Tuple[Samples, Dict[str, int]]:
+    """The ``Samples`` of the rows ``keep`` marks."""
+    task, names, label, cats, multi, dense, time, hashed = (
+        c.task, c.names, c.label, c.cats, c.multi, c.dense, c.time, c.hashed)
     idx = np.flatnonzero(keep)
     all_kept = idx.size == keep.size
     take = (lambda a: a) if all_kept else (lambda a: a[idx])

@@ -15,6 +15,11 @@ Pipeline (each step is a small module, all vectorized over samples):
                    ``atomic`` renames into place only when complete;
 5. ``stats``       cardinalities, pooling, dense and label statistics (train split), and
                    the per-table access statistics the sharding planner uses.
+
+That is the in-memory engine (``prepare.engine=memory``): simple, and the reference, but it holds
+every input row (~400 B each). The default, ``prepare.engine=duckdb`` (``ooc.py``), runs the same
+steps streamed, with the sort on disk in DuckDB, and writes the same files; only it can prepare one
+part of N (``prepare.part``, ``parts.py``).
 """
 from __future__ import annotations
 
@@ -38,9 +43,13 @@ from gmeta_tf.data.split import Selection, SplitLayout, assign_splits, filter_ta
 from gmeta_tf.errors import DataError
 
 
-def prepare(inputs: Sequence[str], out: str, cfg: PrepareConfig, overwrite: bool = False) -> Dict:
+def prepare(inputs: Sequence[str], out: str, cfg: PrepareConfig, overwrite: bool = False,
+            progress: bool = False) -> Dict:
     """Prepare ``inputs`` into ``out``; return the summary (also stored in ``schema.json``).
 
+    ``cfg.engine`` picks how: ``duckdb`` (``ooc.py``) holds only the task list in memory and sorts
+    on disk, ``memory`` holds every input row (the reference the other is tested against).
+    ``progress``: a progress line of input rows read on stderr (when it is a terminal).
     Raises ``DataError`` for any bad input; ``out`` is then left as it was.
     """
     out_p = Path(out)
@@ -53,6 +62,19 @@ def prepare(inputs: Sequence[str], out: str, cfg: PrepareConfig, overwrite: bool
             if resolved_out in f.resolve().parents:
                 raise DataError(f"input {f} is inside the output directory {out}; choose another --out")
     mapping = resolve_mapping(cfg, inputs)
+    if cfg.engine == "memory":
+        if cfg.part is not None:
+            raise DataError("prepare.part needs prepare.engine=duckdb")
+        return _prepare_memory(files, mapping, out_p, cfg, overwrite)
+    from gmeta_tf.data import ooc  # imports duckdb, which the memory engine does not need
+
+    with atomic_dir(out_p, overwrite) as tmp:
+        schema, result = ooc.prepare_ooc(files, mapping, cfg, tmp, progress)
+        _write_schema(tmp, schema)
+    return dict(result, out=str(out_p))
+
+
+def _prepare_memory(files, mapping: Mapping, out_p: Path, cfg: PrepareConfig, overwrite: bool) -> Dict:
     rows = read_inputs(files, mapping.columns())
     samples, skipped = convert(rows, mapping, cfg.on_bad_rows)
     if len(samples) == 0:
@@ -151,6 +173,21 @@ def _set_columns(which: str, c: _Columns, m: Mapping, a: int, b: int) -> Dict[st
     return cols
 
 
+def shard_table(task_ids: np.ndarray, n_support: np.ndarray, n_query: np.ndarray, sup: "_Columns", qry: "_Columns",
+                m: Mapping, sample_index: np.ndarray, all_off: np.ndarray, a: int, b: int) -> pa.Table:
+    """Tasks ``a:b`` as the Parquet table of ``task_format`` (both engines build it here)."""
+    return pa.table(
+        {
+            fmt.TASK_ID: pa.array(task_ids[a:b], pa.string()),
+            fmt.N_SUPPORT: pa.array(n_support[a:b], pa.int32()),
+            fmt.N_QUERY: pa.array(n_query[a:b], pa.int32()),
+            **_set_columns("support", sup, m, a, b),
+            **_set_columns("query", qry, m, a, b),
+            fmt.SAMPLE_INDEX: _lists(all_off, a, b, pa.array(sample_index[all_off[a]:all_off[b]], pa.int64())),
+        }
+    )
+
+
 def _write_splits(
     tmp: Path, s: Samples, m: Mapping, names: np.ndarray, layout: SplitLayout, sel: Selection, cfg: PrepareConfig
 ) -> Dict[str, Dict]:
@@ -166,18 +203,7 @@ def _write_splits(
         files: List[str] = []
         n_t = n_s = 0
         for shard, a, b in ranges:
-            table = pa.table(
-                {
-                    fmt.TASK_ID: pa.array(task_ids[a:b], pa.string()),
-                    fmt.N_SUPPORT: pa.array(sel.n_support[a:b], pa.int32()),
-                    fmt.N_QUERY: pa.array(sel.n_query[a:b], pa.int32()),
-                    **_set_columns("support", sup, m, a, b),
-                    **_set_columns("query", qry, m, a, b),
-                    fmt.SAMPLE_INDEX: _lists(
-                        all_off, a, b, pa.array(sample_index[all_off[a]:all_off[b]], pa.int64())
-                    ),
-                }
-            )
+            table = shard_table(task_ids, sel.n_support, sel.n_query, sup, qry, m, sample_index, all_off, a, b)
             rel = f"{split}/{fmt.part_name(shard, cfg.shards)}"
             pq.write_table(table, tmp / rel, row_group_size=cfg.rows_per_group)
             files.append(rel)

@@ -28,11 +28,22 @@ def skew_histogram(access_counts: np.ndarray) -> Tuple[float, ...]:
     """Share of distinct ids whose access count falls in each ``SKEW_EDGES`` bin (sums to 1)."""
     c = np.asarray(access_counts, dtype=np.float64)
     c = c[c > 0]
-    if c.size == 0:
-        return tuple([1.0] + [0.0] * (N_SKEW_BINS - 1))
     idx = np.searchsorted(np.asarray(SKEW_EDGES), c, side="left")
-    hist = np.bincount(idx, minlength=N_SKEW_BINS)[:N_SKEW_BINS].astype(np.float64)
+    return skew_shares(np.bincount(idx, minlength=N_SKEW_BINS)[:N_SKEW_BINS])
+
+
+def skew_shares(hist: np.ndarray) -> Tuple[float, ...]:
+    """Bin counts of distinct ids → shares (all in the first bin when there is no id): what
+    ``skew_histogram`` returns, from a histogram accumulated in pieces (``ooc.py``)."""
+    hist = np.asarray(hist).astype(np.float64)
+    if hist.sum() == 0:
+        return tuple([1.0] + [0.0] * (N_SKEW_BINS - 1))
     return tuple(float(x) for x in hist / hist.sum())
+
+
+def skew_from_histogram(hist: np.ndarray) -> List[float]:
+    """``access_stats``'s rounded ``skew`` from bin counts."""
+    return [round(x, 6) for x in skew_shares(hist)]
 
 
 def categorical_stats(name: str, ids: np.ndarray, hashed: bool) -> Dict:
@@ -52,7 +63,12 @@ def multi_hot_stats(name: str, lists: pa.ListArray, hashed: bool) -> Dict:
 
 
 def _safe_std(x: np.ndarray) -> float:
-    s = float(x.std()) if x.size else 1.0
+    return safe_std_value(float(x.std()) if x.size else None)
+
+
+def safe_std_value(std) -> float:
+    """A standard deviation safe to divide by: 1.0 when there are no values or they are constant."""
+    s = 1.0 if std is None else float(std)
     return s if s > 1e-12 else 1.0
 
 

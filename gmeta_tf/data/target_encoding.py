@@ -56,12 +56,18 @@ class TargetTable:
         """``[n, 2]`` float32 (mean, log_count) for samples ``ids``; where ``leave_out`` the
         sample's own ``labels`` are taken out of its id's statistics (train samples)."""
         s, n = lookup(self.ids, self.sums, self.counts, ids)
-        leave_out = np.asarray(leave_out, bool)
-        s = s - np.where(leave_out, np.asarray(labels, np.float64), 0.0)
-        n = n - leave_out.astype(np.int64)
-        g, k = self.global_mean, self.prior
-        mean = (s + k * g) / (n + k) - g
-        return np.stack([mean, np.log1p(n)], axis=1).astype(np.float32)
+        return features_from(s, n, labels, leave_out, self.global_mean, self.prior)
+
+
+def features_from(s: np.ndarray, n: np.ndarray, labels: np.ndarray, leave_out: np.ndarray, g: float,
+                  k: float) -> np.ndarray:
+    """``TargetTable.features`` from each sample's looked-up id ``s`` (label sum) and ``n`` (count):
+    the one formula both prepare engines use."""
+    leave_out = np.asarray(leave_out, bool)
+    s = s - np.where(leave_out, np.asarray(labels, np.float64), 0.0)
+    n = n - leave_out.astype(np.int64)
+    mean = (s + k * g) / (n + k) - g
+    return np.stack([mean, np.log1p(n)], axis=1).astype(np.float32)
 
 
 def lookup(ids: np.ndarray, sums: np.ndarray, counts: np.ndarray, query: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

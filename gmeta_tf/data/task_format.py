@@ -62,7 +62,31 @@ a reader of version 1 reads such a dataset correctly, and a dataset without the 
      "id_counts": {<feature>: "id_counts/<feature>.npz"},   # both optional (absent = none)
      "splits": {"train": {"tasks", "samples", "files": [...]}, "valid": ..., "test": ...},
      "summary": {"input_rows", "tasks_in", "tasks_kept", "dropped": {<reason>: count},
-                 "rows_skipped": {<reason>: count}, "samples_truncated"}}
+                 "rows_skipped": {<reason>: count}, "samples_truncated"},
+     "part": {...}}                                       # only with --part, see below
+
+A **part** (``gmeta data prepare --part I/N``, ``data/parts.py``) is one of N directories that
+together make one data set: every machine reads the whole input but writes only the shards ``s``
+with ``s % N == I`` (file names keep the data set's ``part-<s>-of-<shards>``), tasks assigned to
+splits and shards by a hash of (task id, seed). Its ``schema.json`` describes the part alone, and
+says how to merge (``gmeta data combine``)::
+
+     "part": {"index": I, "count": N,
+              "samples": <written samples, all splits>, "train_samples": <of the train split>,
+              "dense": [{"name", "sum", "sumsq"}],            # train split, float64, schema order
+              "label": {"sum", "sumsq", "min", "max"},        # train split (min/max null: none)
+              "multi_hot": [{"name", "ids", "samples", "max_len"}]}   # all splits: ids = sum of lengths
+
+Additive over parts (sum them, or min/max): everything in ``part``, ``splits.*.tasks`` /
+``samples`` / ``files`` (concatenate), ``summary.tasks_kept`` / ``samples_truncated``, the
+``id_counts`` tables (add counts per id) and ``part_ids/<feature>.npz`` (``ids``: the distinct ids
+of the part's written samples, all splits; union them for ``cardinality``). From these the merged
+``dense`` / ``label_stats`` mean and std (population: ``sqrt(sumsq/n - mean²)``), ``pooling``,
+``max_len``, ``cardinality`` and ``table_stats`` (from the merged id counts) follow. The same in
+every part (take one): ``summary.input_rows``, ``tasks_in``, ``dropped`` and ``rows_skipped``
+(the whole input's), and the roles. Each part's own ``categorical`` / ``multi_hot`` /
+``dense`` / ``label_stats`` / ``table_stats`` are the part's statistics. Target encoding and
+``folds`` are refused with ``--part``. A shard that gets no task is an empty file (0 rows).
 """
 from __future__ import annotations
 

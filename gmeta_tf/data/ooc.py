@@ -1,0 +1,590 @@
+"""The out-of-core ``prepare`` engine: memory bounded whatever the input size (``prepare.engine=duckdb``).
+
+Why: the in-memory engine holds every input row (~400 B each), so a 50M-row log does not fit a
+box. Here only the task list (one entry per task) is held; rows live in Parquet spool files in the
+output's temp dir (so a failed run leaves nothing) and DuckDB sorts them on disk under
+``prepare.memory_limit``. The output is the in-memory engine's, file for file
+(``tests/test_prepare_out_of_core.py`` compares them).
+
+1. **read** (streamed): each input file batch by batch (``ooc_input``), each batch converted by
+   ``convert`` (the same checks and messages; a bad row under ``on_bad_rows=error`` is raised once
+   the whole input has been checked, as the in-memory engine does), task names mapped to codes of
+   the task list, the typed columns appended to ``spool1``;
+2. **tasks** (numpy, the task list only): ``filter_tasks`` and ``assign_splits`` as in memory (or the
+   hash assignment of ``parts`` with ``prepare.part``), giving each kept task its output rank;
+3. **rank** (streamed): ``spool1`` in input order → ``spool2`` of the kept tasks' rows with their
+   rank, and for ``split_by=random`` the seeded key of ``split.sort_samples`` (the same generator
+   drawn in chunks in input order is the same sequence);
+4. **target encoding** (DuckDB): the train split's written samples (the last ``query +
+   max_support`` of each train task, a window) give each encoded id's label sum and count;
+5. **write** (DuckDB → stream): ``spool2`` ordered by (rank, time or key, input row), joined with
+   the target-encoding tables, read back as Arrow batches; per task the rows before its support are
+   dropped, and every ``rows_per_group`` tasks become one row group of their shard's Parquet file
+   (``prepare.shard_table``, the in-memory engine's code). The written samples also go to
+   ``written`` for
+6. **statistics** (DuckDB over ``written``): cardinalities, pooling, dense/label moments, the
+   planner's table statistics and the id counts, as ``stats`` defines them.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from gmeta_tf.config.schema import PrepareConfig
+from gmeta_tf.data import parts, stats
+from gmeta_tf.data import target_encoding as te
+from gmeta_tf.data import task_format as fmt
+from gmeta_tf.data.convert import REASONS, Samples, convert_columns, keep_rows
+from gmeta_tf.data.ooc_input import Source, batch_rows, decisions, open_all
+from gmeta_tf.data.prepare import _Columns, _kv, shard_table
+from gmeta_tf.data.read_input import Mapping
+from gmeta_tf.data.split import assign_splits, filter_tasks
+from gmeta_tf.errors import DataError
+
+WORK_DIR = "_prepare_work"  # inside the output's temp dir; removed before the rename
+FETCH_ROWS = 1 << 16
+# Spool files are written once and read once or twice, on the same disk: plain encoding writes
+# fastest (dictionary pages and compression cost more CPU than the bytes they save here).
+SPOOL_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+PART_IDS_DIR = "part_ids"  # --part only (task_format: part)
+
+
+def _sql_str(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+class _Names:
+    """Spool column names of the mapped columns (input names may be anything; these are SQL-safe)."""
+
+    def __init__(self, m: Mapping):
+        self.cat = {c: f"c{i}" for i, c in enumerate(m.categorical)}
+        self.multi = {c: f"m{i}" for i, c in enumerate(m.multi_hot)}
+        self.dense = [f"d{j}" for j in range(len(m.dense))]
+
+
+# ------------------------------------------------------------------------------------ 1. read
+
+
+class _Read:
+    """What reading leaves behind: the task list (names, sizes) and the first spool."""
+
+    def __init__(self):
+        self.codes: Dict[str, int] = {}
+        self.sizes = np.zeros(0, np.int64)
+        self.input_rows = 0
+        self.kept_rows = 0
+        self.skipped = {r: 0 for r in REASONS}
+        self.hashed: Dict[str, bool] = {}
+
+    def task_codes(self, s: Samples) -> np.ndarray:
+        """Batch task codes → codes of the whole-input task list (a dict lookup per distinct name
+        of the batch: the task list is the one thing held whole)."""
+        used = np.unique(s.task)
+        lut = np.full(max(int(s.task_names.size), 1), -1, np.int64)
+        codes = self.codes
+        lut[used] = [codes.setdefault(n, len(codes)) for n in s.task_names[used].tolist()]
+        out = lut[s.task]
+        if len(codes) > self.sizes.size:
+            self.sizes = np.concatenate([self.sizes, np.zeros(max(len(codes) - self.sizes.size, self.sizes.size),
+                                                              np.int64)])
+        self.sizes += np.bincount(out, minlength=self.sizes.size)
+        return out
+
+
+def _spool_batch(s: Samples, codes: np.ndarray, base: int, m: Mapping, nm: _Names) -> pa.Table:
+    cols = {"t": pa.array(codes.astype(np.int32)), "r": pa.array(s.row + base), "y": pa.array(s.label)}
+    if m.time_col:
+        cols["ts"] = pa.array(s.time)
+    for c in m.categorical:
+        cols[nm.cat[c]] = pa.array(s.cats[c])
+    for c in m.multi_hot:
+        cols[nm.multi[c]] = _norm_list(s.multi[c])
+    for j, name in enumerate(nm.dense):
+        cols[name] = pa.array(np.ascontiguousarray(s.dense[:, j]))
+    return pa.table(cols)
+
+
+def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, progress: bool) -> _Read:
+    from tqdm import tqdm
+
+    hashed = decisions(sources, m)
+    nm = _Names(m)
+    res = _Read()
+    first_error: Optional[DataError] = None
+    writer: Optional[pq.ParquetWriter] = None
+    bar = tqdm(total=sum(s.num_rows for s in sources), unit=" rows", unit_scale=True, desc="prepare: read",
+               file=sys.stderr, disable=None if progress else True, leave=False)
+    try:
+        for src in sources:
+            split = {c: src.split_strings.get(c, False) for c in m.multi_hot}
+            for table, file_row in src.batches():
+                rows = batch_rows(src, table, file_row)
+                cols = convert_columns(rows, m, hashed, split)
+                base = res.input_rows
+                res.input_rows += rows.num_rows
+                bar.update(rows.num_rows)
+                if cfg.on_bad_rows == "error":
+                    err = cols.bad.first_error()
+                    if err is not None and first_error is None:
+                        first_error = err  # raised once every file is checked (structural errors first)
+                    if first_error is not None:
+                        continue
+                    keep, counts = np.ones(rows.num_rows, bool), {r: 0 for r in REASONS}
+                else:
+                    keep, counts = cols.bad.resolve("skip")
+                for r, n in counts.items():
+                    res.skipped[r] += n
+                s, _ = keep_rows(rows, cols, keep, counts)
+                res.hashed = s.hashed
+                if len(s) == 0:
+                    continue
+                res.kept_rows += len(s)
+                t = _spool_batch(s, res.task_codes(s), base, m, nm)
+                if writer is None:
+                    writer = pq.ParquetWriter(spool, t.schema, **SPOOL_OPTIONS)
+                writer.write_table(t)
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+    if first_error is not None:
+        raise first_error
+    res.sizes = res.sizes[: len(res.codes)]
+    return res
+
+
+# ------------------------------------------------------------------------------------ 3. rank
+
+
+def _rank(spool1: Path, spool2: Path, task_rank: np.ndarray, cfg: PrepareConfig) -> None:
+    rng = np.random.default_rng([cfg.seed, 0xA11CE]) if cfg.split_by == "random" and cfg.part is None else None
+    writer = None
+    try:
+        for b in pq.ParquetFile(spool1).iter_batches(batch_size=FETCH_ROWS):
+            rank = task_rank[b.column(0).to_numpy()]
+            keep = rank >= 0  # (an empty batch still writes: a part may keep no task at all)
+            t = pa.Table.from_batches([b]).filter(pa.array(keep)).drop_columns(["t"])
+            t = t.add_column(0, "rank", pa.array(rank[keep]))
+            if rng is not None:
+                t = t.append_column("k", pa.array(rng.random(int(keep.sum()))))
+            elif cfg.split_by == "random":  # --part: a key of the row alone (parts.row_keys)
+                t = t.append_column("k", pa.array(parts.row_keys(t.column("r").to_numpy(), cfg.seed)))
+            if writer is None:
+                writer = pq.ParquetWriter(spool2, t.schema, **SPOOL_OPTIONS)
+            writer.write_table(t)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _norm_list(a) -> pa.ListArray:
+    """Any list array (DuckDB names its items ``l``) → ``list<item: int64>`` as ``convert`` builds it."""
+    if isinstance(a, pa.ChunkedArray):
+        a = a.combine_chunks()
+    lens = pc.list_value_length(a).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pc.list_flatten(a).cast(pa.int64()))
+
+
+def _order_key(cfg: PrepareConfig) -> str:
+    return "ts" if cfg.split_by == "time" else "k"
+
+
+class _NpzStream:
+    """An ``.npz`` (as ``np.savez`` writes it) of 1-D arrays that arrive in chunks: each array is
+    spooled to a raw file, then copied into the zip behind its ``.npy`` header."""
+
+    def __init__(self, path: Path, work: Path, dtypes: Dict[str, str]):
+        self.path, self.dtypes, self.n = path, dtypes, 0
+        self.raw = {k: work / f"{path.stem}.{k}.raw" for k in dtypes}
+        self.files = {k: open(p, "wb") for k, p in self.raw.items()}
+
+    def add(self, **arrays: np.ndarray) -> None:
+        for k, a in arrays.items():
+            self.files[k].write(np.ascontiguousarray(a, dtype=self.dtypes[k]).tobytes())
+        self.n += len(next(iter(arrays.values())))
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        with zipfile.ZipFile(self.path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for k, dtype in self.dtypes.items():
+                with zf.open(f"{k}.npy", "w", force_zip64=True) as out, open(self.raw[k], "rb") as raw:
+                    np.lib.format.write_array_header_1_0(
+                        out, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+                              "shape": (self.n,)})
+                    shutil.copyfileobj(raw, out, 1 << 22)
+                self.raw[k].unlink()
+
+
+# ------------------------------------------------------------------------------------ 4. target encoding
+
+
+def _target_encoding(con, spool2: Path, m: Mapping, nm: _Names, cfg: PrepareConfig, n_train: int,
+                     tmp: Path, work: Path) -> Tuple[List[Dict], float]:
+    """Fit the tables on the train split's written samples; write their ``.npz``; leave each as a
+    DuckDB table ``te<i>`` (id, s, n) for the write query to join."""
+    if not cfg.target_encoding:
+        return [], 0.0
+    keep = cfg.query + cfg.max_support
+    cols = ", ".join(nm.cat[c] for c in cfg.target_encoding)
+    con.execute(
+        f"CREATE TABLE tw AS SELECT y, {cols} FROM ("
+        f"SELECT y, {cols}, row_number() OVER (PARTITION BY rank ORDER BY {_order_key(cfg)} DESC, r DESC) AS rn "
+        f"FROM read_parquet({_sql_str(spool2)}) WHERE rank < {int(n_train)}) WHERE rn <= {keep}"
+    )
+    total, count = _one(con, "SELECT sum(y::DOUBLE), count(*) FROM tw")
+    g = float(total) / count if count else 0.0
+    (tmp / te.TE_DIR).mkdir()
+    entries = []
+    for i, col in enumerate(cfg.target_encoding):
+        c = nm.cat[col]
+        con.execute(f"CREATE TABLE te{i} AS SELECT {c} AS id, sum(y::DOUBLE) AS s, count(*) AS n FROM tw GROUP BY {c}")
+        rel = f"{te.TE_DIR}/{col}.npz"
+        npz = _NpzStream(tmp / rel, work, {"ids": "<i8", "sums": "<f8", "counts": "<i8"})
+        for b in con.sql(f"SELECT id, s, n FROM te{i} ORDER BY id").to_arrow_reader(FETCH_ROWS):
+            npz.add(ids=b.column(0).to_numpy(), sums=b.column(1).to_numpy(), counts=b.column(2).to_numpy())
+        npz.close()
+        entries.append({"column": col, "prior": float(cfg.target_encoding_prior), "global_mean": g,
+                        "features": te.feature_names(col), "file": rel})
+    con.execute("DROP TABLE tw")
+    return entries, g
+
+
+# ------------------------------------------------------------------------------------ 5. write
+
+
+class _Selected:
+    """The write query's rows in output order, less each task's rows before its support."""
+
+    def __init__(self, reader, sizes: np.ndarray, query: int, max_support: int):
+        self.reader = reader
+        self.start = np.cumsum(sizes) - sizes
+        self.cut = np.maximum(sizes - query - max_support, 0)
+        self.q_start = sizes - query
+        self.pending: List[pa.Table] = []
+        self.have = 0
+        self.pos = 0
+
+    def take(self, n: int) -> pa.Table:
+        while self.have < n:
+            b = self.reader.read_next_batch()
+            rank = b.column("rank").to_numpy()
+            pos = self.pos + np.arange(b.num_rows, dtype=np.int64) - self.start[rank]
+            self.pos += b.num_rows
+            keep = pos >= self.cut[rank]
+            t = pa.Table.from_batches([b]).filter(pa.array(keep))
+            t = t.append_column("_q", pa.array(pos[keep] >= self.q_start[rank[keep]]))
+            self.pending.append(t)
+            self.have += t.num_rows
+        t = pa.concat_tables(self.pending)
+        self.pending = [t.slice(n)]
+        self.have -= n
+        return t.slice(0, n)
+
+
+def _te_features(t: pa.Table, cfg: PrepareConfig, g: float, train: bool) -> np.ndarray:
+    blocks = []
+    y = t.column("y").to_numpy()
+    leave_out = np.full(t.num_rows, train)
+    for i in range(len(cfg.target_encoding)):
+        s = t.column(f"te{i}_s").fill_null(0.0).to_numpy()
+        n = t.column(f"te{i}_n").fill_null(0).to_numpy().astype(np.int64)
+        blocks.append(te.features_from(s, n, np.where(leave_out, y, 0.0), leave_out, g, cfg.target_encoding_prior))
+    return np.concatenate(blocks, axis=1) if blocks else np.zeros((t.num_rows, 0), np.float32)
+
+
+def _chunk_samples(t: pa.Table, m: Mapping, nm: _Names, cfg: PrepareConfig, g: float, train: bool) -> Samples:
+    n = t.num_rows
+    dense = (np.stack([t.column(d).to_numpy() for d in nm.dense], axis=1).astype(np.float32)
+             if nm.dense else np.zeros((n, 0), np.float32))
+    if cfg.target_encoding:
+        dense = np.concatenate([dense, _te_features(t, cfg, g, train)], axis=1)
+    return Samples(
+        row=t.column("r").to_numpy(),
+        task=np.zeros(0, np.int64),
+        task_names=np.zeros(0, object),
+        label=t.column("y").to_numpy(),
+        cats={c: t.column(nm.cat[c]).to_numpy() for c in m.categorical},
+        multi={c: _norm_list(t.column(nm.multi[c])) for c in m.multi_hot},
+        dense=dense,
+        time=t.column("ts").to_numpy() if m.time_col else None,
+    )
+
+
+def _written_batch(s: Samples, m: Mapping, nm: _Names, train: bool) -> pa.Table:
+    cols = {"tr": pa.array(np.full(len(s), train)), "y": pa.array(s.label)}
+    for c in m.categorical:
+        cols[nm.cat[c]] = pa.array(s.cats[c])
+    for c in m.multi_hot:
+        cols[nm.multi[c]] = s.multi[c]
+    for j in range(s.dense.shape[1]):
+        cols[f"d{j}"] = pa.array(np.ascontiguousarray(s.dense[:, j]))
+    return pa.table(cols)
+
+
+def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mapping, nm: _Names,
+           cfg: PrepareConfig, layout, task_ids: np.ndarray, sizes: np.ndarray, n_train: int, g: float,
+           shard_total: int) -> Dict[str, Dict]:
+    n_query = np.minimum(sizes, cfg.query)
+    n_support = np.minimum(np.maximum(sizes - cfg.query, 0), cfg.max_support)
+    sel_off = np.concatenate([[0], np.cumsum(n_support + n_query)]).astype(np.int64)
+    joins = "".join(
+        f" LEFT JOIN te{i} ON sp.{nm.cat[c]} = te{i}.id" for i, c in enumerate(cfg.target_encoding))
+    te_cols = "".join(f", te{i}.s AS te{i}_s, te{i}.n AS te{i}_n" for i in range(len(cfg.target_encoding)))
+    sql = (f"SELECT sp.*{te_cols} FROM read_parquet({_sql_str(spool2)}) sp{joins} "
+           f"ORDER BY sp.rank, sp.{_order_key(cfg)}, sp.r")
+    reader = con.sql(sql).to_arrow_reader(FETCH_ROWS)
+    rows = _Selected(reader, sizes, cfg.query, cfg.max_support)
+
+    def chunk(t: pa.Table, c: int, d: int, train: bool) -> Tuple[Samples, pa.Table]:
+        """Tasks ``c:d`` (their selected rows ``t``) as samples and as a shard's table."""
+        s = _chunk_samples(t, m, nm, cfg, g, train)
+        isq = t.column("_q").to_numpy(zero_copy_only=False)
+        sup = _Columns(s, m_out, np.flatnonzero(~isq), n_support[c:d])
+        qry = _Columns(s, m_out, np.flatnonzero(isq), n_query[c:d])
+        return s, shard_table(task_ids[c:d], n_support[c:d], n_query[c:d], sup, qry, m_out, s.row,
+                              sel_off[c:d + 1] - sel_off[c], 0, d - c)
+
+    info: Dict[str, Dict] = {}
+    w_writer = None
+    empty: List[str] = []  # shards without tasks (only with --part): written once a schema is known
+    schema = None
+    try:
+        for split in fmt.SPLITS:
+            (tmp / split).mkdir()
+            files: List[str] = []
+            n_t = n_s = 0
+            for shard, a, b in layout.shards[split]:
+                rel = f"{split}/{fmt.part_name(shard, shard_total)}"
+                writer = None
+                try:
+                    for c in range(a, b, cfg.rows_per_group):
+                        d = min(c + cfg.rows_per_group, b)
+                        t = rows.take(int(sel_off[d] - sel_off[c]))
+                        train = c < n_train
+                        s, table = chunk(t, c, d, train)
+                        if writer is None:
+                            writer = pq.ParquetWriter(tmp / rel, table.schema)
+                            schema = table.schema
+                        writer.write_table(table, row_group_size=cfg.rows_per_group)
+                        wb = _written_batch(s, m, nm, train)
+                        if w_writer is None:
+                            w_writer = pq.ParquetWriter(written, wb.schema, **SPOOL_OPTIONS)
+                        w_writer.write_table(wb)
+                finally:
+                    if writer is not None:
+                        writer.close()
+                if a == b:
+                    empty.append(rel)
+                files.append(rel)
+                n_t += b - a
+                n_s += int(sel_off[b] - sel_off[a])
+            info[split] = {"tasks": n_t, "samples": n_s, "files": files}
+    finally:
+        if w_writer is not None:
+            w_writer.close()
+    for _ in reader:  # the query is finished only once read to its end
+        pass
+    reader.close()
+    if schema is None:  # no task in any shard of this part
+        none = pq.read_schema(spool2).empty_table()
+        s, table = chunk(none.append_column("_q", pa.array([], pa.bool_())), 0, 0, False)
+        schema = table.schema
+        pq.write_table(_written_batch(s, m, nm, False), written, **SPOOL_OPTIONS)
+    for rel in empty:
+        pq.write_table(schema.empty_table(), tmp / rel)
+    return info
+
+
+# ------------------------------------------------------------------------------------ 6. statistics
+
+
+def _one(con, sql: str):
+    return con.execute(sql).fetchall()[0]
+
+
+def _id_counts(con, src: str, tmp: Path, work: Path, col: str) -> Tuple[str, Dict]:
+    """Train-split id counts of one feature → ``id_counts/<col>.npz`` and its ``access_stats``
+    (the ids stream in id order, so only one batch is in memory)."""
+    rel = f"{te.ID_COUNTS_DIR}/{col}.npz"
+    npz = _NpzStream(tmp / rel, work, {"ids": "<i8", "counts": "<i8"})
+    hist = np.zeros(stats.N_SKEW_BINS, np.int64)
+    edges = np.asarray(stats.SKEW_EDGES)
+    lookups = 0
+    for b in con.sql(f"SELECT id, count(*) AS n FROM ({src}) GROUP BY id ORDER BY id").to_arrow_reader(FETCH_ROWS):
+        counts = b.column(1).to_numpy().astype(np.int64)
+        npz.add(ids=b.column(0).to_numpy(), counts=counts)
+        hist += np.bincount(np.searchsorted(edges, counts.astype(np.float64), side="left"),
+                            minlength=stats.N_SKEW_BINS)[: stats.N_SKEW_BINS]
+        lookups += int(counts.sum())
+    npz.close()
+    return rel, {"rows": npz.n, "lookups": lookups, "skew": stats.skew_from_histogram(hist)}
+
+
+def _statistics(con, written: Path, tmp: Path, work: Path, m: Mapping, m_out: Mapping, nm: _Names,
+                hashed: Dict[str, bool], part: bool) -> Dict:
+    w = f"read_parquet({_sql_str(written)})"
+    n_train = int(_one(con, f"SELECT count(*) FROM {w} WHERE tr")[0])
+    categorical = [
+        {"name": c, "cardinality": int(_one(con, f"SELECT count(DISTINCT {nm.cat[c]}) FROM {w}")[0]),
+         "hashed": bool(hashed.get(c, False)), "pooling": 1.0}
+        for c in m.categorical]
+    multi_hot = []
+    for c in m.multi_hot:
+        k = nm.multi[c]
+        total, n, longest = _one(con, f"SELECT sum(len({k})), count(*), max(len({k})) FROM {w}")
+        card = _one(con, f"SELECT count(DISTINCT v) FROM (SELECT unnest({k}) AS v FROM {w})")[0]
+        multi_hot.append({"name": c, "cardinality": int(card), "hashed": bool(hashed.get(c, False)),
+                          "pooling": float(total) / n if n else 0.0, "max_len": int(longest) if n else 0})
+    dense = []
+    for j, name in enumerate(m_out.dense):
+        mean, std = _one(con, f"SELECT avg(d{j}::DOUBLE), stddev_pop(d{j}::DOUBLE) FROM {w} WHERE tr")
+        dense.append({"name": name, "mean": float(mean) if n_train else 0.0,
+                      "std": stats.safe_std_value(std if n_train else None)})
+    mean, std, lo, hi = _one(con, f"SELECT avg(y::DOUBLE), stddev_pop(y::DOUBLE), min(y::DOUBLE), max(y::DOUBLE) "
+                                  f"FROM {w} WHERE tr")
+    label = {"mean": float(mean) if n_train else 0.0, "std": stats.safe_std_value(std if n_train else None),
+             "min": float(lo) if n_train else 0.0, "max": float(hi) if n_train else 0.0}
+    additive = _additive(con, w, m, m_out, nm, n_train)
+    (tmp / te.ID_COUNTS_DIR).mkdir()
+    table_stats, id_counts = {}, {}
+    sources = {c: f"SELECT {nm.cat[c]} AS id FROM {w} WHERE tr" for c in m.categorical}
+    sources.update({c: f"SELECT unnest({nm.multi[c]}) AS id FROM {w} WHERE tr" for c in m.multi_hot})
+    if part:  # the distinct ids of every split, for a merged cardinality (task_format: part)
+        (tmp / PART_IDS_DIR).mkdir()
+        every = {c: f"SELECT {nm.cat[c]} AS id FROM {w}" for c in m.categorical}
+        every.update({c: f"SELECT unnest({nm.multi[c]}) AS id FROM {w}" for c in m.multi_hot})
+        for c, src in every.items():
+            npz = _NpzStream(tmp / PART_IDS_DIR / f"{c}.npz", work, {"ids": "<i8"})
+            for b in con.sql(f"SELECT DISTINCT id FROM ({src}) ORDER BY id").to_arrow_reader(FETCH_ROWS):
+                npz.add(ids=b.column(0).to_numpy())
+            npz.close()
+    for c, src in sources.items():
+        rel, st = _id_counts(con, src, tmp, work, c)
+        id_counts[c] = rel
+        table_stats[c] = {"rows": st["rows"], "pooling": float(st["lookups"] / n_train) if n_train else 0.0,
+                          "lookups": st["lookups"], "skew": st["skew"]}
+    return {"categorical": categorical, "multi_hot": multi_hot, "dense": dense, "label_stats": label,
+            "table_stats": table_stats, "id_counts": id_counts, "additive": additive}
+
+
+def _additive(con, w: str, m: Mapping, m_out: Mapping, nm: _Names, n_train: int) -> Dict:
+    """Sums that add over parts (``task_format``: ``part``), so that merged parts' means, stds and
+    pooling can be recomputed exactly: a mean is not additive, a sum and a count are."""
+    moments = ", ".join([f"sum(d{j}::DOUBLE), sum(d{j}::DOUBLE * d{j}::DOUBLE)" for j in range(len(m_out.dense))]
+                        + ["sum(y::DOUBLE), sum(y::DOUBLE * y::DOUBLE), min(y::DOUBLE), max(y::DOUBLE)"])
+    row = _one(con, f"SELECT {moments} FROM {w} WHERE tr")
+    dense = [{"name": n, "sum": float(row[2 * j] or 0.0), "sumsq": float(row[2 * j + 1] or 0.0)}
+             for j, n in enumerate(m_out.dense)]
+    y = row[2 * len(m_out.dense):]
+    multi = []
+    for c in m.multi_hot:
+        k = nm.multi[c]
+        total, n, longest = _one(con, f"SELECT sum(len({k})), count(*), max(len({k})) FROM {w}")
+        multi.append({"name": c, "ids": int(total or 0), "samples": int(n), "max_len": int(longest or 0)})
+    return {"train_samples": n_train, "samples": int(_one(con, f"SELECT count(*) FROM {w}")[0]),
+            "dense": dense, "label": {"sum": float(y[0] or 0.0), "sumsq": float(y[1] or 0.0),
+                                      "min": None if y[2] is None else float(y[2]),
+                                      "max": None if y[3] is None else float(y[3])},
+            "multi_hot": multi}
+
+
+# ------------------------------------------------------------------------------------ the engine
+
+
+def _connect(work: Path, cfg: PrepareConfig):
+    (work / "duckdb_tmp").mkdir()
+    return duckdb.connect(str(work / "work.duckdb"), config={
+        "memory_limit": cfg.memory_limit,
+        "temp_directory": str(work / "duckdb_tmp"),
+        "preserve_insertion_order": False,
+    })
+
+
+def prepare_ooc(files: Sequence[Path], m: Mapping, cfg: PrepareConfig, tmp: Path, progress: bool) -> Tuple[Dict, Dict]:
+    """Write the splits, target-encoding tables and id counts into ``tmp``; return
+    ``(schema.json, prepare's result)`` (``prepare.prepare`` writes the schema)."""
+    sources = open_all(list(files), m)
+    work = tmp / WORK_DIR
+    work.mkdir()
+    nm = _Names(m)
+    read = _read(sources, m, cfg, work / "spool1.parquet", progress)
+    if read.kept_rows == 0:
+        raise DataError(f"no rows left in {len(files)} input file(s) after skipping bad rows ({_kv(read.skipped)})")
+    names = np.array(list(read.codes), dtype=object)
+    kept, dropped = filter_tasks(read.sizes, cfg.min_task_size, cfg.max_task_size)
+    part = cfg.part_index()
+    if part is None:
+        layout = assign_splits(np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards, cfg.seed,
+                               dropped, folds=cfg.folds, fold=cfg.fold)
+    else:
+        layout = parts.assign_part(np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards, cfg.seed,
+                                   part, dropped)
+    n_tasks = int(layout.order.size)
+    task_rank = np.full(names.size, -1, np.int64)
+    task_rank[layout.order] = np.arange(n_tasks)
+    te.check_columns(cfg.target_encoding, m.categorical, m.dense)
+    _rank(work / "spool1.parquet", work / "spool2.parquet", task_rank, cfg)
+    (work / "spool1.parquet").unlink()
+    sizes = read.sizes[layout.order]
+    n_train = int(layout.counts["train"])
+    m_out = Mapping(**{**m.__dict__, "dense": list(m.dense) + [n for c in cfg.target_encoding
+                                                              for n in te.feature_names(c)]})
+    con = _connect(work, cfg)
+    try:
+        te_entries, g = _target_encoding(con, work / "spool2.parquet", m, nm, cfg, n_train, tmp, work)
+        task_ids = names[layout.order].astype(str)
+        split_info = _write(con, work / "spool2.parquet", work / "written.parquet", tmp, m, m_out, nm, cfg, layout,
+                            task_ids, sizes, n_train, g, cfg.shards)
+        st = _statistics(con, work / "written.parquet", tmp, work, m, m_out, nm, read.hashed, part is not None)
+    finally:
+        con.close()
+    shutil.rmtree(work)
+    n_query = np.minimum(sizes, cfg.query)
+    n_support = np.minimum(np.maximum(sizes - cfg.query, 0), cfg.max_support)
+    summary = {
+        "input_rows": read.input_rows,
+        "tasks_in": int(names.size),
+        "tasks_kept": n_tasks,
+        "dropped": dropped,
+        "rows_skipped": read.skipped,
+        "samples_truncated": int(sizes.sum() - n_support.sum() - n_query.sum()),
+    }
+    schema = {
+        "format_version": fmt.FORMAT_VERSION,
+        "task_col": m.task_col,
+        "label": {"name": m.label_col, "kind": m.label_kind},
+        "time_col": m.time_col,
+        "categorical": st["categorical"],
+        "multi_hot": st["multi_hot"],
+        "dense": st["dense"],
+        "label_stats": st["label_stats"],
+        "table_stats": st["table_stats"],
+        "support_query": {"query": cfg.query, "max_support": cfg.max_support, "split_by": cfg.split_by},
+        **({"folds": {"folds": cfg.folds, "fold": cfg.fold, "seed": cfg.seed}} if cfg.folds else {}),
+        **({"part": parts.schema_entry(part, st["additive"])} if part is not None else {}),
+        "splits": split_info,
+        "summary": summary,
+        "target_encoding": te_entries,
+        "id_counts": st["id_counts"],
+    }
+    result = dict(
+        summary,
+        samples=int(sum(s["samples"] for s in split_info.values())),
+        splits={k: {"tasks": v["tasks"], "samples": v["samples"]} for k, v in split_info.items()},
+    )
+    return schema, result
+
