@@ -355,7 +355,12 @@ def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from
                             **({"joined_step": s.step} if joined else {}))
         train_from(s.step, commit)
 
-    run_elastic(state, attempt, lambda e: is_peer_failure(e, rt) and not down_ps(rt), rt.sync.reset)
+    def reset() -> None:
+        rt.sync.reset()
+        if rt.start_gate is not None:  # rank 0 of the new ring re-publishes the job's nonce (elastic.JobNonce)
+            rt.start_gate.after_reset(rt.rank)
+
+    run_elastic(state, attempt, lambda e: is_peer_failure(e, rt) and not down_ps(rt), reset)
 
 
 def _joined(watch: PreemptionWatch) -> List[dict]:
