@@ -352,6 +352,7 @@ def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from
         entries.append(s.step)
         at.ring.append([s.step, rt.rank, rt.size])
         watch.status.update(phase=Phase.TRAINING, step=s.step, start_step=s.start, ring=[list(r) for r in at.ring],
+                            ring_rank=rt.rank,
                             **({"joined_step": s.step} if joined else {}))
         train_from(s.step, commit)
 
@@ -366,10 +367,10 @@ def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from
 def _joined(watch: PreemptionWatch) -> List[dict]:
     """The workers that joined this elastic ring while it ran, from the ranks' status records (rank
     0's summary says so): each one's pid, the commit it joined at and its first rank and size."""
-    from gmeta_tf.train.rank_status import read_all
+    from gmeta_tf.train.rank_status import read_processes
 
     out = []
-    for r in read_all(watch.status.directory).values():
+    for r in read_processes(watch.status.directory):
         if r.joined_step is not None and r.ring:
             out.append({"pid": r.pid, "step": r.joined_step, "rank": r.ring[0][1], "ranks": r.ring[0][2]})
     return sorted(out, key=lambda j: (j["step"], j["rank"]))
