@@ -42,6 +42,7 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
+from gmeta_tf import exit_codes
 from gmeta_tf.atomic_file import replace_file
 from gmeta_tf.config.schema import ConfigError
 from gmeta_tf.errors import ClusterError
@@ -249,19 +250,40 @@ class DenseCommit(ObjectState):
         super().sync()
 
 
+class ResetLimitExceeded(ClusterError):
+    """An elastic ring failed again after ``cluster.elastic_reset_limit`` re-formings: whatever
+    fails keeps failing, and another rollback would only repeat it. Not retried."""
+
+    exit_code = exit_codes.FAILED.code
+
+
 def run_elastic(state: DenseCommit, train_from: Callable[[DenseCommit], None], lost_peer: Callable[[Exception], bool],
-                reset: Callable[[], None]) -> None:
+                reset: Callable[[], None], reset_limit: Optional[int] = None) -> None:
     """``train_from(state)`` under Horovod Elastic: a failure ``lost_peer`` says a peer worker
-    caused restores the last commit, ``reset``s the ring and calls ``train_from`` again (after
-    rank 0's state is broadcast); any other exception ends the rank as before."""
+    caused (or Horovod's own ``HorovodInternalError``) restores the last commit, ``reset``s the
+    ring and calls ``train_from`` again (after rank 0's state is broadcast); any other exception
+    ends the rank as before (``lost_peer`` may raise the one to end it with). Horovod's ``run_fn`` would do that for ever: past ``reset_limit``
+    such failures the rank ends with ``ResetLimitExceeded``, naming the last one (horovodrun's
+    ``--reset-limit`` bounds the driver's side, this each rank's)."""
+    resets = 0
+
     def attempt(s: DenseCommit) -> None:
+        nonlocal resets
         try:
             train_from(s)
-        except HorovodInternalError:
-            raise
+            return
+        except HorovodInternalError as e:
+            lost_peer(e)  # may end the rank itself (a peer failed on its own); else Horovod's verdict stands
+            cause: Exception = e
         except Exception as e:
-            if lost_peer(e):
-                raise HorovodInternalError(e) from e
-            raise
+            if not lost_peer(e):
+                raise
+            cause = e
+        if reset_limit is not None and resets >= reset_limit:
+            raise ResetLimitExceeded(f"elastic: the ring re-formed {resets} time(s) (cluster.elastic_reset_limit: "
+                                     f"{reset_limit}) and failed again: {type(cause).__name__}: "
+                                     f"{str(cause).strip()[:500]}") from cause
+        resets += 1
+        raise HorovodInternalError(cause) from cause
 
     run_fn(attempt, reset)(state)

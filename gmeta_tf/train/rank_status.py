@@ -113,6 +113,7 @@ class RankStatus:
     # process started as) and the rank it holds in the ring now (after a re-forming, a joining).
     process: Optional[str] = None
     ring_rank: Optional[int] = None
+    host: Optional[str] = None  # where the process runs: a peer on this host can be looked at (``failures.py``)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -266,7 +267,7 @@ class StatusWriter:
 
     def __post_init__(self):
         self.status = RankStatus(rank=self.rank, pid=os.getpid(), phase=Phase.STARTING, updated_unix=time.time(),
-                                 process=self.process)
+                                 process=self.process, host=socket.gethostname())
 
     def update(self, write_now: bool = True, **fields) -> None:
         with self._lock:
