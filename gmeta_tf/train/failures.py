@@ -48,7 +48,10 @@ from gmeta_tf.train.runtime import Runtime, reachable
 PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
                  tf.errors.InternalError, tf.errors.UnknownError, tf.errors.NotFoundError,
                  tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError)
-_COLLECTIVE = re.compile(r"horovod|gloo|allreduce|allgather|broadcast|collective", re.I)
+# What a dropped connection raises (a peer gone mid-collective, a PS gone mid-request); argument
+# and precondition errors are a model's own unless a probe finds a PS restarted.
+TRANSPORT_FAILURES = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
+                      tf.errors.InternalError, tf.errors.UnknownError)
 _RESUME = "re-run with the same --out to resume from the last checkpoint"
 # A peer's exits that are its own failure, not its loss: the job failed there.
 OWN_FAILURES = (ExitReason.CRASHED, ExitReason.USER_ERROR)
@@ -71,10 +74,9 @@ class PeerFailed(ClusterError):
 
 
 def is_peer_failure(e: Exception, rt: Runtime) -> bool:
-    """The rule where no peer can be asked (no status records in reach): whether ``e`` may be
-    the cluster's doing. Argument and precondition errors are also a model's own bugs, so they
-    count only while some PS no longer answers as it did (down, or named in the message of a
-    step that talks to it)."""
+    """The rule before issue 52, from the exception's type and text: whether ``e`` may be the
+    cluster's doing. Not used to blame any more (``step_failure`` asks the PS and the peers);
+    kept for callers that only want to know whether a failure is worth looking into."""
     if not isinstance(e, PEER_FAILURES) or not rt.ps_tasks:
         return False
     if isinstance(e, (tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError, tf.errors.NotFoundError)):
@@ -212,7 +214,9 @@ def step_failure(e: Exception, rt: Runtime, step: int, directory: Optional[str] 
         return peer_failed_error(e, rt, step, ev.failed[0])
     if ev.visible:
         return None  # every peer runs: the error is this rank's own
-    return step_failure_error(e, rt, step) if is_peer_failure(e, rt) else None
+    # No peer's record in reach (a TFJob's pods each keep their own): the peers cannot be asked,
+    # and with every PS fine a dropped connection can only be theirs.
+    return step_failure_error(e, rt, step) if isinstance(e, TRANSPORT_FAILURES) else None
 
 
 def lost_peer(e: Exception, rt: Runtime, step: int, directory: Optional[str], me: RankStatus,
@@ -250,16 +254,11 @@ def lost_peer_error(e: Exception, rt: Runtime, step: int, gone: List[RankStatus]
 
 
 def step_failure_error(e: Exception, rt: Runtime, step: int) -> ClusterFaultError:
-    """A failed step where no peer can be asked (their records are out of reach): a dead or
-    restarted PS, or a peer worker that stopped answering.
-
-    A stalled or killed peer rank makes this rank's dense all-reduce (Horovod over Gloo) time
-    out; blaming the PS then sends the user to restart a healthy process. So the PS are probed
-    first: one that refuses connections is the culprit (``lost_ps_error``); with every PS
-    answering and the failure inside a collective, the peer ranks are named instead.
-    """
-    text = str(e)
-    if rt.size < 2 or not _COLLECTIVE.search(text) or down_ps(rt):
+    """A failed step where no peer can be asked (their records are out of reach), every PS
+    answering: the peer ranks are named (a stalled or killed peer makes this rank's dense
+    all-reduce time out; blaming the PS would send the user to restart a healthy process).
+    Without peers, or with a PS down, the PS (``lost_ps_error``)."""
+    if rt.size < 2 or down_ps(rt):
         return lost_ps_error(e, rt, step)
     peers = [r for r in range(rt.size) if r != rt.rank]
     who = f"worker rank {peers[0]}" if len(peers) == 1 else "one of worker ranks " + ", ".join(map(str, peers))
