@@ -144,3 +144,49 @@ def test_the_reset_limit_reaches_horovodrun(tmp_path):
     args = horovodrun_args(2, str(tmp_path / "discover.sh"), [1, 10], reset_limit=3)
     assert args[args.index("--reset-limit") + 1] == "3"
     assert "--reset-limit" not in horovodrun_args(2, str(tmp_path / "discover.sh"), [1, 10])
+
+
+_PROBE = r"""
+import json, subprocess, sys, time
+import tensorflow as tf
+from gmeta_tf.train.dense_sync import LocalSync
+from gmeta_tf.train.failures import ps_contexts_lost
+from gmeta_tf.train.runtime import Runtime, reachable
+
+port = int(sys.argv[1])
+SERVE = ("import tensorflow as tf, time; tf.distribute.Server(tf.train.ClusterSpec({'ps': ['127.0.0.1:%d']}), "
+         "job_name='ps', task_index=0, start=True); time.sleep(300)" % port)
+
+def start():
+    p = subprocess.Popen([sys.executable, "-c", SERVE])
+    while not reachable(f"127.0.0.1:{port}"):
+        time.sleep(0.2)
+    return p
+
+ps = start()
+tf.config.experimental_connect_to_cluster(tf.train.ClusterSpec({"ps": [f"127.0.0.1:{port}"]}), job_name="worker0",
+                                          make_master_device_default=False)
+rt = Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=[f"127.0.0.1:{port}"])
+out = {"up": ps_contexts_lost(rt)}
+ps.kill(); ps.wait()
+again = start()  # the same address, a new process: this worker's context is not there
+out["restarted"] = ps_contexts_lost(rt)
+again.kill(); again.wait()
+print(json.dumps(out))
+"""
+
+
+def test_a_ps_restarted_at_its_address_is_found_by_asking_it_not_by_reading_an_error(tmp_path):
+    """The probe behind "lost ps:N (it answers again: restarted)": one op on the PS, whose new
+    process knows nothing of this worker's context (real TensorFlow servers, in processes)."""
+    import json
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    r = subprocess.run([sys.executable, "-c", _PROBE, str(port)], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"up": [[], []], "restarted": [[0], []]}, got

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -96,11 +96,11 @@ def down_ps(rt: Runtime, settle_s: float = 2.0) -> List[int]:
     return [t for t, addr in enumerate(rt.ps_addresses) if not reachable(addr)]
 
 
-def ps_contexts_lost(rt: Runtime, timeout_s: float = PROBE_TIMEOUT_S) -> List[int]:
-    """The PS tasks that answer but refuse this worker's eager context (restarted: their tables
-    are gone). One scalar op on each, each bounded by ``timeout_s`` (a PS that takes no answer
-    in time counts as lost too). A PS this worker never connected to has nothing to lose."""
-    lost = []
+def ps_contexts_lost(rt: Runtime, timeout_s: float = PROBE_TIMEOUT_S) -> Tuple[List[int], List[int]]:
+    """The PS tasks that accept connections but refuse this worker's eager context (restarted:
+    their tables are gone), and those that give no answer within ``timeout_s`` (hung, stopped).
+    One scalar op on each. A PS this worker never connected to has nothing to lose."""
+    lost, silent = [], []
     known = {d.name for d in tf.config.list_logical_devices()}
     for t in range(rt.ps_tasks):
         if ps_device(t) not in known:
@@ -118,9 +118,11 @@ def ps_contexts_lost(rt: Runtime, timeout_s: float = PROBE_TIMEOUT_S) -> List[in
         th = threading.Thread(target=probe, daemon=True)
         th.start()
         th.join(timeout_s)
-        if not result or not result[0]:
+        if not result:
+            silent.append(t)
+        elif not result[0]:
             lost.append(t)
-    return lost
+    return lost, silent
 
 
 @dataclass(frozen=True)
@@ -201,9 +203,11 @@ def step_failure(e: Exception, rt: Runtime, step: int, directory: Optional[str] 
     down = down_ps(rt)
     if down:
         return lost_ps_error(e, rt, step, tasks=down)
-    lost_context = ps_contexts_lost(rt)
+    lost_context, silent = ps_contexts_lost(rt)
     if lost_context:
         return lost_ps_error(e, rt, step, tasks=lost_context, restarted=True)
+    if silent:
+        return lost_ps_error(e, rt, step, tasks=silent)
     if rt.size < 2:
         return None
     since = process_start_unix() if since_unix is None else since_unix
