@@ -86,6 +86,7 @@ class JobNonce:
         self.value: Optional[str] = None  # this job's, once made (rank 0) or read (another rank)
 
     def _request(self, method: str, body: Optional[bytes] = None) -> Optional[bytes]:
+        """OSError when no HTTP server of Horovod's answers there."""
         import http.client
 
         conn = http.client.HTTPConnection(self.addr, self.port, timeout=self.timeout_s)
@@ -95,6 +96,8 @@ class JobNonce:
             resp = conn.getresponse()
             data = resp.read()
             return data if resp.status == 200 else None
+        except http.client.HTTPException as e:  # something else listens there
+            raise OSError(f"not a rendezvous server: {e!r}") from None
         finally:
             conn.close()
 
