@@ -81,13 +81,16 @@ def write_discovery(directory: str, names: List[str]) -> str:
     return script
 
 
-def horovodrun_args(workers: int, discovery_script: str, cooldown_s: Optional[Sequence[int]]) -> List[str]:
+def horovodrun_args(workers: int, discovery_script: str, cooldown_s: Optional[Sequence[int]],
+                    reset_limit: Optional[int] = None) -> List[str]:
     """``horovodrun``'s arguments for an elastic ring of at most ``workers`` (at least 1), its hosts
     from ``discovery_script``; ``cooldown_s`` ``[MIN, MAX]`` (``cluster.elastic_cooldown_s``,
-    checked there) lets a lost worker's host return, None never."""
+    checked there) lets a lost worker's host return, None never; ``reset_limit``
+    (``cluster.elastic_reset_limit``): horovodrun's ``--reset-limit``, None unbounded."""
     cooldown = [] if cooldown_s is None else ["--blacklist-cooldown-range", str(cooldown_s[0]), str(cooldown_s[1])]
+    limit = [] if reset_limit is None else ["--reset-limit", str(reset_limit)]
     return ["-np", str(workers), "--min-np", "1", "--max-np", str(workers),
-            "--host-discovery-script", discovery_script, *cooldown,
+            "--host-discovery-script", discovery_script, *cooldown, *limit,
             "--network-interfaces", LOOPBACK_INTERFACE, "--gloo"]
 
 

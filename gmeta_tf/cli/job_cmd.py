@@ -5,15 +5,22 @@ uses ``kubectl apply -f -`` when kubectl is on PATH, else the ``kubernetes`` Pyt
 ``status``, ``logs`` and ``delete`` use kubectl. Every cluster failure is one line naming the kube
 context (exit 2): an unreachable API server, a missing context, a cluster without the Kubeflow
 training operator, a job that does not exist.
+
+Why a kubectl call failed is asked of the cluster, not read from kubectl's message: kubectl's exit
+status says only that it failed, and its wording changes between versions. The ``kubernetes``
+client answers with types (the kubeconfig's contexts, a connection error, an HTTP status:
+``_ask_cluster``). Only where the client cannot ask (not installed, a kubeconfig it cannot load,
+an auth plugin it lacks) is kubectl's message sorted as before (``_by_message``).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -25,7 +32,7 @@ from gmeta_tf.errors import ClusterError, UserError
 KUBECTL_TIMEOUT_S = 120
 _INSTALL = "install kubectl (https://kubernetes.io/docs/tasks/tools/) or `pip install kubernetes`"
 
-# kubectl's stderr, classified. Newer kubectl prefixes client-go errors with klog headers
+# kubectl's stderr, classified where the cluster cannot be asked (``_by_message``). Newer kubectl prefixes client-go errors with klog headers
 # ("E1121 01:25:10.099215 19950 memcache.go:265] ..."): those lines are skipped when quoting.
 _KLOG = re.compile(r"^[EIWF]\d{4} \d\d:\d\d:\d\d")
 _UNREACHABLE = re.compile(
@@ -107,10 +114,83 @@ def _summary(stderr: str, pattern: Optional[re.Pattern] = None) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
+class NotFoundOnCluster(UserError):
+    """The object a command names does not exist on the cluster."""
+
+
+def _ask_cluster(context: Optional[str], namespace: Optional[str], ctx: str, what: str, stderr: str,
+                 missing: Optional[Tuple[str, str, str]] = None) -> Tuple[bool, Optional[UserError]]:
+    """Why a kubectl call failed, from the cluster's typed answers through the ``kubernetes``
+    client: the kubeconfig's contexts, whether the API server answers, whether it serves
+    ``kubeflow.org``, the HTTP status of a read of ``missing`` (kind "tfjob" or "pod", its name,
+    how to say it). Returns whether the cluster could be asked, and what it says is wrong (None:
+    nothing it can name)."""
+    try:
+        import urllib3
+        from kubernetes import client, config
+        from kubernetes.client.exceptions import ApiException
+    except ImportError:
+        return False, None
+    # kubectl's own lookup, read now (the client reads $KUBECONFIG once, at its import)
+    kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    try:
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    except Exception:  # no kubeconfig the client can load (ConfigException, OSError, YAML errors ...)
+        return False, None
+    named = {c.get("name"): c for c in contexts or []}
+    if context and context not in named:
+        return True, ClusterError(f"kube context {ctx} does not exist in the kubeconfig: {_summary(stderr)} "
+                                  "(list them: kubectl config get-contexts)")
+    try:
+        api = config.new_client_from_config(config_file=kubeconfig, context=context, persist_config=False)
+    except Exception:  # an auth plugin the client lacks, a missing certificate file ...
+        return False, None
+    chosen = named.get(context) if context else active
+    ns = namespace or ((chosen or {}).get("context") or {}).get("namespace") or "default"
+    try:
+        groups = client.ApisApi(api).get_api_versions(_request_timeout=15)
+        if "kubeflow.org" not in {g.name for g in groups.groups or []}:
+            return True, ClusterError(f"the cluster of kube context {ctx} has no TFJob resource: install the "
+                                      "Kubeflow training operator (v1.9) first (it serves no kubeflow.org API)")
+        if missing is not None:
+            kind, name, said = missing
+            if kind == "tfjob":
+                client.CustomObjectsApi(api).get_namespaced_custom_object("kubeflow.org", "v1", ns, "tfjobs", name,
+                                                                         _request_timeout=15)
+            else:
+                client.CoreV1Api(api).read_namespaced_pod(name, ns, _request_timeout=15)
+    except ApiException as e:
+        if e.status in (401, 403):
+            return True, ClusterError(f"not authorized to {what} on the cluster of kube context {ctx}: "
+                                      f"{e.status} {e.reason or ''}".rstrip())
+        if e.status == 404 and missing is not None:
+            return True, NotFoundOnCluster(f"{missing[2]} not found on the cluster of kube context {ctx} "
+                                           f"(namespace {ns})")
+        return True, None
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        return True, ClusterError(f"cannot reach the Kubernetes cluster of kube context {ctx} to {what}: "
+                                  f"{_summary(stderr) if stderr.strip() else _first_line(e)}")
+    return True, None
+
+
 def _cluster_error(stderr: str, context: Optional[str], kubectl: Optional[str], what: str,
-                   not_found: Optional[str] = None) -> UserError:
-    """Turn a failed kubectl call into one line that names the kube context."""
+                   not_found: Optional[str] = None, missing: Optional[Tuple[str, str]] = None,
+                   namespace: Optional[str] = None) -> UserError:
+    """Turn a failed kubectl call into one line that names the kube context: the cluster says
+    why (``_ask_cluster``); kubectl's message only where it cannot be asked. ``missing``: the
+    object the call named (kind "tfjob" or "pod", name), ``not_found`` how to say it is absent."""
     ctx = _ctx(current_context(context, kubectl))
+    asked, error = _ask_cluster(context, namespace, ctx, what, stderr,
+                                None if missing is None else (missing[0], missing[1], not_found or missing[1]))
+    if error is not None:
+        return error
+    if asked:  # the cluster answers and names nothing wrong: kubectl's own line, unsorted
+        return ClusterError(f"kubectl failed to {what} (kube context {ctx}): {_summary(stderr)}")
+    return _by_message(stderr, ctx, what, not_found)
+
+
+def _by_message(stderr: str, ctx: str, what: str, not_found: Optional[str]) -> UserError:
+    """kubectl's message, sorted: the fallback where the cluster cannot be asked."""
     if _NO_CONTEXT.search(stderr):
         return ClusterError(f"kube context {ctx} does not exist: {_summary(stderr, _NO_CONTEXT)} "
                             "(list them: kubectl config get-contexts)")
@@ -124,7 +204,7 @@ def _cluster_error(stderr: str, context: Optional[str], kubectl: Optional[str], 
         return ClusterError(f"the cluster of kube context {ctx} has no TFJob resource: install the Kubeflow "
                             f"training operator (v1.9) first ({_summary(stderr, _NO_CRD)})")
     if not_found and _NOT_FOUND.search(stderr):
-        return UserError(f"{not_found} not found on the cluster of kube context {ctx}: {_summary(stderr, _NOT_FOUND)}")
+        return NotFoundOnCluster(f"{not_found} not found on the cluster of kube context {ctx}: {_summary(stderr, _NOT_FOUND)}")
     return ClusterError(f"kubectl failed to {what} (kube context {ctx}): {_summary(stderr)}")
 
 
@@ -156,7 +236,7 @@ def submit_cmd(request: RenderRequest, dry_run, context):
     if kubectl is not None:
         proc = _run(_base(kubectl, context) + ["apply", "-f", "-"], input_text=text)
         if proc.returncode != 0:
-            raise _cluster_error(proc.stderr, context, kubectl, f"submit TFJob {name}")
+            raise _cluster_error(proc.stderr, context, kubectl, f"submit TFJob {name}", namespace=request.namespace)
         out = proc.stdout.strip()
         if out:
             click.echo(out)
@@ -269,7 +349,8 @@ def status_cmd(name, context, namespace):
     kubectl = _require_kubectl()
     proc = _run(_base(kubectl, context, namespace) + ["get", "tfjob", name, "-o", "json"])
     if proc.returncode != 0:
-        raise _cluster_error(proc.stderr, context, kubectl, f"get TFJob {name}", not_found=f"TFJob {name}")
+        raise _cluster_error(proc.stderr, context, kubectl, f"get TFJob {name}", not_found=f"TFJob {name}",
+                             missing=("tfjob", name), namespace=namespace)
     try:
         job = json.loads(proc.stdout)
     except ValueError:
@@ -327,7 +408,8 @@ def logs_cmd(name, replica, index, follow, context, namespace):
         sys.exit(exit_codes.INTERRUPTED.code)
     if rc != 0:
         raise _cluster_error(stderr, context, kubectl, f"read the log of pod {pod}",
-                             not_found=f"pod {pod} (TFJob {name}, {replica} {index})")
+                             not_found=f"pod {pod} (TFJob {name}, {replica} {index})", missing=("pod", pod),
+                             namespace=namespace)
 
 
 @job_group.command("delete")
@@ -339,13 +421,16 @@ def delete_cmd(name, context, namespace):
     kubectl = _require_kubectl()
     base = _base(kubectl, context, namespace)
     job = _run(base + ["delete", "tfjob", name])
-    if job.returncode != 0 and not _NOT_FOUND.search(job.stderr):
-        raise _cluster_error(job.stderr, context, kubectl, f"delete TFJob {name}", not_found=f"TFJob {name}")
-    cm = _run(base + ["delete", "configmap", f"{name}-config", "--ignore-not-found"])
+    failed = None if job.returncode == 0 else _cluster_error(
+        job.stderr, context, kubectl, f"delete TFJob {name}", not_found=f"TFJob {name}", missing=("tfjob", name),
+        namespace=namespace)
+    if failed is not None and not isinstance(failed, NotFoundOnCluster):
+        raise failed
+    cm = _run(base + ["delete", "configmap", f"{name}-config", "--ignore-not-found"])  # a job gone, its config too
     if cm.returncode != 0:
-        raise _cluster_error(cm.stderr, context, kubectl, f"delete ConfigMap {name}-config")
+        raise _cluster_error(cm.stderr, context, kubectl, f"delete ConfigMap {name}-config", namespace=namespace)
     for out in (job.stdout, cm.stdout):
         if out.strip():
             click.echo(out.strip())
-    if job.returncode != 0:
-        raise _cluster_error(job.stderr, context, kubectl, f"delete TFJob {name}", not_found=f"TFJob {name}")
+    if failed is not None:
+        raise failed

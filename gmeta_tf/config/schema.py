@@ -562,6 +562,10 @@ class ClusterConfig:
     # doubles at each further loss of that host, capped at ``MAX``; then horovodrun starts a new
     # worker there and the ring re-grows at its next commit. null: a lost host never returns.
     elastic_cooldown_s: Optional[List[int]] = field(default_factory=lambda: [1, 10])
+    # With ``cluster.elastic``: how many times the ring may re-form after a failure (horovodrun's
+    # ``--reset-limit``, and each rank's own count): past it the job fails, naming the last error,
+    # instead of rolling back and failing again for ever.
+    elastic_reset_limit: int = 3
 
     @property
     def link_rate_bit_s(self) -> Optional[int]:
@@ -583,6 +587,9 @@ class ClusterConfig:
                  "int8 keeps per-rank error-feedback residuals sized by the ring, which an elastic ring "
                  "(cluster.elastic) resizes under the step; use none with --elastic")
         check_elastic_cooldown(self.elastic_cooldown_s)
+        _require(isinstance(self.elastic_reset_limit, int) and not isinstance(self.elastic_reset_limit, bool)
+                 and self.elastic_reset_limit >= 0, "cluster.elastic_reset_limit",
+                 f"must be an integer >= 0 (re-formings of an elastic ring), got {self.elastic_reset_limit!r}")
         if self.link_rate is not None:
             _require(bit_rate(self.link_rate) is not None and bit_rate(self.link_rate) > 0, "cluster.link_rate",
                      f"expected a bit rate such as 1gbit or 100mbit (tc's units; not bytes), got {self.link_rate!r}")

@@ -25,12 +25,14 @@ from gmeta_tf.config.schema import Config, ConfigError
 from gmeta_tf.errors import ClusterFaultError, Preempted, UserError
 from gmeta_tf.train.preemption import PreemptionWatch
 from gmeta_tf.train.rank_status import (
+    ELASTIC_ENV,
     STATUS_DIR,
     STATUS_DIR_ENV,
     STOP_FILE_ENV,
     ExitReason,
     RankExit,
     StatusWriter,
+    record_id,
     status_path,
 )
 
@@ -113,7 +115,9 @@ def rank_life(cfg: Config, run_dir: str, log: Callable[[str], None] = print,
     rank = env_rank() if rank is None else rank
     directory = status_dir(str(run_dir))
     made = _dirs_to_make(directory, str(run_dir))
-    status = StatusWriter(directory, rank)
+    # an elastic ring: one record per process, not per rank (``rank_status``'s docstring)
+    elastic = cfg.cluster.elastic or os.environ.get(ELASTIC_ENV) == "1"
+    status = StatusWriter(directory, rank, process=record_id() if elastic else None)
     status.flush()  # "starting": the launcher knows this rank's process is up
     with PreemptionWatch(cfg.train.preemption_grace_s, log, rank, os.environ.get(STOP_FILE_ENV) or None,
                          status) as watch:
@@ -124,6 +128,6 @@ def rank_life(cfg: Config, run_dir: str, log: Callable[[str], None] = print,
             status.exited(record.reason, record.code, record.message, signal=record.signal,
                           checkpoint_s=record.checkpoint_s, checkpoint=checkpoint)
             if record.reason is ExitReason.USER_ERROR:
-                _unmake(made, status_path(directory, rank))
+                _unmake(made, status_path(directory, rank, status.process))
             raise
         status.exited(ExitReason.DONE, exit_codes.DONE.code, f"trained to step {status.status.step}")

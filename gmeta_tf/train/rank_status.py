@@ -13,10 +13,19 @@ Layout, in the directory ``GMETA_STATUS_DIR`` names (default ``<run dir>/status`
 directory: ``train/rank_life.py``)::
 
     rank0.json, rank1.json ...   one ``RankStatus`` each, replaced whole (``atomic_file``)
+    rank1.<process>.json         the same in an elastic ring, one per process (below)
     start-<job>.<gate>           an elastic ring's start-up gates (``train/elastic.py``)
     stop                         the launcher's stop request (``StopRequest``): a rank checks it
                                  when it starts and at every step's vote, so a stop that arrives
                                  before a rank runs is not lost
+
+Why one record per process in an elastic ring (``cluster.elastic``): a worker horovodrun starts
+on a returned host gets a slot rank that can be the rank another live process started as, and
+a record named by rank alone would then be written by both. There each process names its record
+after its own ``process`` id (``record_id``: host, pid and a random part, made by the rank's
+agent or by the rank), and the rank the process holds in the ring now is a field
+(``ring_rank``). Without elastic a rank's number belongs to one process for the job's life (a
+restart clears the records first), and the record keeps the name ``rank<N>.json``.
 
 Standard library only: ``launch/rank_agent.py`` imports it in a process that must start fast.
 """
@@ -24,8 +33,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Dict, List, Optional
@@ -33,6 +45,8 @@ from typing import Dict, List, Optional
 from gmeta_tf import exit_codes
 from gmeta_tf.atomic_file import replace_file
 
+RECORD_ID_ENV = "GMETA_RECORD_ID"  # this process's record id, made by its agent (``launch/rank_agent.py``)
+ELASTIC_ENV = "HOROVOD_ELASTIC"  # "1" on every rank an elastic horovodrun starts
 STATUS_DIR_ENV = "GMETA_STATUS_DIR"  # where this rank writes its record (set by the launcher)
 STOP_FILE_ENV = "GMETA_STOP_FILE"  # the stop file this rank obeys (only a launcher sets one)
 STATUS_DIR = "status"  # under a local run directory when no launcher says otherwise
@@ -95,6 +109,11 @@ class RankStatus:
     # it joined a ring already running (a worker started on a returned host), else None.
     ring: Optional[List[List[int]]] = None
     joined_step: Optional[int] = None
+    # An elastic ring's process: the record's own id (its file name; ``rank`` is the rank the
+    # process started as) and the rank it holds in the ring now (after a re-forming, a joining).
+    process: Optional[str] = None
+    ring_rank: Optional[int] = None
+    host: Optional[str] = None  # where the process runs: a peer on this host can be looked at (``failures.py``)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -112,18 +131,30 @@ class RankStatus:
         return cls(**d)
 
 
-def status_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank{rank}.json")
+_RECORD_NAME = re.compile(r"rank(\d+)(?:\.([A-Za-z0-9_-]+))?\.json")
+
+
+def record_id(env=os.environ) -> str:
+    """This process's record id: the one its agent made (``RECORD_ID_ENV``), else a new one."""
+    given = env.get(RECORD_ID_ENV, "")
+    if given and re.fullmatch(r"[A-Za-z0-9_-]+", given):
+        return given
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
+    return f"{host}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+
+def status_path(directory: str, rank: int, process: Optional[str] = None) -> str:
+    return os.path.join(directory, f"rank{rank}.json" if process is None else f"rank{rank}.{process}.json")
 
 
 def write(directory: str, status: RankStatus) -> None:
     os.makedirs(directory, exist_ok=True)
-    replace_file(status_path(directory, status.rank), status.to_json())
+    replace_file(status_path(directory, status.rank, status.process), status.to_json())
 
 
-def read(directory: str, rank: int) -> Optional[RankStatus]:
+def _read_file(path: str) -> Optional[RankStatus]:
     try:
-        with open(status_path(directory, rank)) as f:
+        with open(path) as f:
             return RankStatus.from_json(f.read())
     except FileNotFoundError:
         return None
@@ -131,16 +162,36 @@ def read(directory: str, rank: int) -> Optional[RankStatus]:
         return None
 
 
-def read_all(directory: Optional[str]) -> Dict[int, RankStatus]:
-    """Every rank's record in ``directory``, by rank."""
+def read_processes(directory: Optional[str]) -> List[RankStatus]:
+    """Every record in ``directory``, one per process (an elastic ring's lost, surviving and
+    joined workers each have their own), in the order of their file names."""
     if not directory or not os.path.isdir(directory):
-        return {}
-    out = {}
-    for name in os.listdir(directory):
-        if name.startswith("rank") and name.endswith(".json") and name[4:-5].isdigit():
-            status = read(directory, int(name[4:-5]))
+        return []
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if _RECORD_NAME.fullmatch(name):
+            status = _read_file(os.path.join(directory, name))
             if status is not None:
-                out[status.rank] = status
+                out.append(status)
+    return out
+
+
+def read(directory: str, rank: int, process: Optional[str] = None) -> Optional[RankStatus]:
+    """The record of ``process``; without one, the newest of the processes that started as ``rank``."""
+    if process is not None:
+        return _read_file(status_path(directory, rank, process))
+    same = [s for s in read_processes(directory) if s.rank == rank]
+    return max(same, key=lambda s: s.updated_unix) if same else None
+
+
+def read_all(directory: Optional[str]) -> Dict[int, RankStatus]:
+    """Every rank's record in ``directory``, by the rank each process started as; where two
+    processes of an elastic ring started as one rank (a lost worker and the one that joined in
+    its slot), the newer record. ``read_processes`` has each."""
+    out: Dict[int, RankStatus] = {}
+    for status in read_processes(directory):
+        if status.rank not in out or status.updated_unix >= out[status.rank].updated_unix:
+            out[status.rank] = status
     return out
 
 
@@ -166,14 +217,15 @@ def exit_from_code(code: int) -> RankExit:
     return RankExit(ExitReason.EXITED, code, exit_codes.describe(code))
 
 
-def record_exit(directory: str, rank: int, pid: int, code: int) -> RankStatus:
+def record_exit(directory: str, rank: int, pid: int, code: int, process: Optional[str] = None) -> RankStatus:
     """The parent's side, once it has reaped the rank: keep the rank's own exit when it matches
     the code the process really ended with, else write the one the code tells (a rank killed
-    after its record said "done" died all the same)."""
-    old = read(directory, rank)
+    after its record said "done" died all the same). ``process``: the record id the parent gave
+    the rank (an elastic ring's), so only that process's record is read and written."""
+    old = read(directory, rank, process) if process is not None else _read_file(status_path(directory, rank))
     if old is not None and old.exit is not None and old.exit.code == exit_codes.normalized(code):
         return old
-    base = old or RankStatus(rank=rank, pid=pid, phase=Phase.STARTING)
+    base = old or RankStatus(rank=rank, pid=pid, phase=Phase.STARTING, process=process)
     new = replace(base, phase=Phase.EXITED, exit=exit_from_code(code), updated_unix=time.time())
     write(directory, new)
     return new
@@ -209,11 +261,13 @@ class StatusWriter:
 
     directory: Optional[str]
     rank: int = 0
+    process: Optional[str] = None  # an elastic ring's per-process record id (``record_id``)
     status: RankStatus = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self):
-        self.status = RankStatus(rank=self.rank, pid=os.getpid(), phase=Phase.STARTING, updated_unix=time.time())
+        self.status = RankStatus(rank=self.rank, pid=os.getpid(), phase=Phase.STARTING, updated_unix=time.time(),
+                                 process=self.process, host=socket.gethostname())
 
     def update(self, write_now: bool = True, **fields) -> None:
         with self._lock:

@@ -34,7 +34,7 @@ from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.process import process_start_unix
 from gmeta_tf.train.checkpoint import CheckpointManager
-from gmeta_tf.train.failures import is_peer_failure, step_failure_error
+from gmeta_tf.train.failures import injected_failure, raise_injected, step_failure
 from gmeta_tf.train.fault_pause import freeze, pause_point
 from gmeta_tf.train.model_build import CONFIG_FILE, build_model
 from gmeta_tf.train.preemption import PreemptionWatch, stopping
@@ -227,6 +227,7 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
                end=start if stopped else cfg.train.steps, start=start)
     restarts = from_env() if rt.rank == 0 else []  # gmeta launch local --max-restarts
     pause = pause_point()  # a fault test's trigger (GMETA_PAUSE_AT_STEP); None in a real job
+    fail = injected_failure()  # another (GMETA_FAIL_FROM_STEP)
     validating = cfg.train.eval_every > 0
 
     def train_from(begin: int, commit: Optional[Callable[[int], None]] = None) -> None:
@@ -280,6 +281,7 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
                     raise _preempted(rt, watch, step, path, time.perf_counter() - t0)
             if commit is not None:
                 commit(step)
+            raise_injected(fail, step, rt.rank)
             if pause is not None and pause.due(step, rt.rank):
                 freeze()
             if at.stopped:
@@ -294,9 +296,11 @@ def _loop(cfg: Config, rt: Runtime, run_dir: str, schema: dict, built: Built, tr
         else:
             train_from(start)
     except Exception as e:
-        if not is_peer_failure(e, rt):
+        failure = step_failure(e, rt, at.step, watch.status.directory, watch.status.status, at.since_unix,
+                               at.ring[-1][0] if cfg.cluster.elastic and at.ring else None)
+        if failure is None:  # nothing elsewhere is at fault: this rank's own error
             raise
-        raise step_failure_error(e, rt, at.step) from None
+        raise failure from None
     return RunResult(at.start, at.end, at.step if at.start < at.end else at.start, at.stopped, at.window, at.history,
                      at.writer, restarts, ring=at.ring, joined=_joined(watch) if cfg.cluster.elastic and rt.rank == 0 else [])
 
@@ -313,6 +317,7 @@ class _Loop:
     start: int  # the step the run resumed after (an elastic ring's: rank 0's, from DenseCommit.sync)
     writer: Optional[object] = None  # rank 0's TensorBoard writer
     ring: List[List[int]] = field(default_factory=list)  # elastic: [step, rank, size] at each (re-)entry
+    since_unix: Optional[float] = None  # elastic: when the ring last (re-)formed; a peer lost before is not news
 
 
 def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from: Callable[..., None],
@@ -325,7 +330,7 @@ def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from
     rank 0's state, step, start and end from the first sync and reads its shard from that step on.
     Each (re-)entry goes into this rank's status record (``ring``, ``joined_step``)."""
     from gmeta_tf.train.elastic import DenseCommit, run_elastic
-    from gmeta_tf.train.failures import down_ps
+    from gmeta_tf.train.failures import lost_peer
 
     every = cfg.train.elastic_commit_every
     state = DenseCommit(rt.sync, list(built.model.dense_variables.values()) + list(built.dense_opt.variables),
@@ -350,21 +355,30 @@ def _train_elastic(cfg: Config, rt: Runtime, built: Built, at: _Loop, train_from
         at.start, at.end = s.start, s.end
         at.stopped = at.stopped or s.end < cfg.train.steps  # rank 0 had stopped early before this run
         entries.append(s.step)
+        at.since_unix = time.time()
         at.ring.append([s.step, rt.rank, rt.size])
         watch.status.update(phase=Phase.TRAINING, step=s.step, start_step=s.start, ring=[list(r) for r in at.ring],
+                            ring_rank=rt.rank,
                             **({"joined_step": s.step} if joined else {}))
         train_from(s.step, commit)
 
-    run_elastic(state, attempt, lambda e: is_peer_failure(e, rt) and not down_ps(rt), rt.sync.reset)
+    def reset() -> None:
+        rt.sync.reset()
+        if rt.start_gate is not None:  # rank 0 of the new ring re-publishes the job's nonce (elastic.JobNonce)
+            rt.start_gate.after_reset(rt.rank)
+
+    run_elastic(state, attempt, lambda e: lost_peer(e, rt, at.step, watch.status.directory, watch.status.status,
+                                                    at.since_unix, at.ring[-1][0] if at.ring else None),
+                reset, cfg.cluster.elastic_reset_limit)
 
 
 def _joined(watch: PreemptionWatch) -> List[dict]:
     """The workers that joined this elastic ring while it ran, from the ranks' status records (rank
     0's summary says so): each one's pid, the commit it joined at and its first rank and size."""
-    from gmeta_tf.train.rank_status import read_all
+    from gmeta_tf.train.rank_status import read_processes
 
     out = []
-    for r in read_all(watch.status.directory).values():
+    for r in read_processes(watch.status.directory):
         if r.joined_step is not None and r.ring:
             out.append({"pid": r.pid, "step": r.joined_step, "rank": r.ring[0][1], "ranks": r.ring[0][2]})
     return sorted(out, key=lambda j: (j["step"], j["rank"]))
