@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from gmeta_tf.errors import UserError
+from launch.k8s_render import _DNS1035_LABEL as _NAME
+from launch.k8s_render import _DNS1123_SUBDOMAIN as _CLAIM
 from launch.k8s_render import APP_NAME, IMAGE_GID, JOB_LABEL, _check_quantity
 
 MAX_PARTS = 10_000  # far below the Job API's limit; more pods than this is a mistake
 VOLUME = "data"
-_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_CLAIM = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _JOB_RESTART = ("Never", "OnFailure")
 
 
