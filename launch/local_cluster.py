@@ -120,14 +120,16 @@ class LocalCluster:
 
     def __init__(self, log: Callable[[str], None] = print, env: Optional[Dict[str, str]] = None,
                  grace_s: float = 10.0, elastic: bool = False, elastic_dir: Optional[str] = None,
-                 elastic_cooldown_s: Optional[List[int]] = None):
+                 elastic_cooldown_s: Optional[List[int]] = None, elastic_reset_limit: Optional[int] = None):
         self.log = log
         # Horovod Elastic (``--elastic``): a lost rank is the ring's to absorb, not a failure here.
         # ``elastic_dir`` holds the ring's host discovery script and host file
-        # (``launch/elastic_hosts.py``); ``elastic_cooldown_s`` is ``cluster.elastic_cooldown_s``.
+        # (``launch/elastic_hosts.py``); ``elastic_cooldown_s`` is ``cluster.elastic_cooldown_s``,
+        # ``elastic_reset_limit`` ``cluster.elastic_reset_limit`` (horovodrun's ``--reset-limit``).
         self.elastic = elastic
         self.elastic_dir = elastic_dir
         self.elastic_cooldown_s = elastic_cooldown_s
+        self.elastic_reset_limit = elastic_reset_limit
         self._lost_logged: List[tuple] = []  # (rank, pid) of each lost rank said
         self._joined_logged: List[int] = []  # pids of the workers said to have joined the ring
         self.launch_id = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex
@@ -210,7 +212,8 @@ class LocalCluster:
         if self.elastic:
             hosts = worker_hosts(workers, this_machine_names())
             directory = self.elastic_dir or os.path.join(self.status_dir or ".", "elastic")
-            args = horovodrun_args(workers, write_discovery(directory, hosts), self.elastic_cooldown_s)
+            args = horovodrun_args(workers, write_discovery(directory, hosts), self.elastic_cooldown_s,
+                                   reset_limit=self.elastic_reset_limit)
         else:
             args = ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
         horovodrun = str(Path(sys.executable).with_name("horovodrun"))  # what the line shows: the same run
@@ -299,12 +302,14 @@ class LocalCluster:
         peers fail naming the same cause."""
         if self._survivors_ended or self.stop_signals():
             return
+        if self.elastic:  # every process's record: a lost worker and the one that joined in its slot
+            processes = self.process_records()
+            self._note_lost_elastic([r for r in processes
+                                     if r.exit is not None and r.exit.reason in rank_status.SILENT_EXITS])
+            self._note_joined_elastic(processes)
+            return
         records = self.rank_records()
         lost = [r for r in records.values() if r.exit is not None and r.exit.reason in rank_status.SILENT_EXITS]
-        if self.elastic:
-            self._note_lost_elastic(lost)
-            self._note_joined_elastic(records)
-            return
         if not lost:
             return
         self._survivors_ended = True
@@ -327,10 +332,10 @@ class LocalCluster:
                 self.log(f"[launch] worker rank {r.rank} {r.exit.message}: elastic, the other ranks go on "
                          f"without it from their last commit")
 
-    def _note_joined_elastic(self, records: Dict[int, RankStatus]) -> None:
+    def _note_joined_elastic(self, records: List[RankStatus]) -> None:
         """A worker horovodrun started on a returned host (``cluster.elastic_cooldown_s``) says in its
         record the commit it joined the running ring at (``joined_step``, ``ring``); said once."""
-        for r in records.values():
+        for r in records:
             if r.joined_step is not None and r.ring and r.pid not in self._joined_logged:
                 self._joined_logged.append(r.pid)
                 _, rank, size = r.ring[0]
@@ -342,9 +347,9 @@ class LocalCluster:
         end (the ranks that finished) and the workers lost and joined on the way."""
         if not self.elastic:
             return None
-        records = self.rank_records()
+        records = self.process_records()
         self._note_joined_elastic(records)
-        done = [r for r in records.values() if r.exit is not None and r.exit.reason is rank_status.ExitReason.DONE]
+        done = [r for r in records if r.exit is not None and r.exit.reason is rank_status.ExitReason.DONE]
         sizes = {r.ring[-1][2] for r in done if r.ring}
         size = max(sizes) if sizes else len(done)
         return (f"[launch] elastic: the ring finished with {size} rank(s); {len(self._lost_logged)} worker(s) lost, "
@@ -380,11 +385,15 @@ class LocalCluster:
         """Every rank's status record, by rank (none without a status directory)."""
         return rank_status.read_all(self.status_dir)
 
+    def process_records(self) -> List[RankStatus]:
+        """Every process's status record (an elastic ring's lost and joined workers each have one)."""
+        return rank_status.read_processes(self.status_dir)
+
     def rank_exits(self) -> List[RankStatus]:
         """The records of the ranks that exited other than done, in the order they exited: the
         first is the rank at fault, the others followed it (horovodrun stops them, or a
         collective with it failed)."""
-        out = [r for r in self.rank_records().values()
+        out = [r for r in self.process_records()
                if r.exit is not None and r.exit.reason is not rank_status.ExitReason.DONE]
         return sorted(out, key=lambda r: r.updated_unix)
 

@@ -49,6 +49,7 @@ __all__ = ["LaunchStopped", "RestartPolicy", "launch_local"]
 
 _COOLDOWN = ClusterConfig().elastic_cooldown_s
 _DEFAULT_COOLDOWN_S = None if _COOLDOWN is None else tuple(_COOLDOWN)  # cluster.elastic_cooldown_s's default
+_DEFAULT_RESET_LIMIT = ClusterConfig().elastic_reset_limit
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
                  restarts: RestartPolicy = RestartPolicy(), grace_s: float = 25.0,
                  network: Optional[str] = None, network_faults: Sequence[str] = (),
                  run_dir: Optional[str] = None, elastic: bool = False,
-                 elastic_cooldown_s: Optional[Sequence[int]] = _DEFAULT_COOLDOWN_S) -> int:
+                 elastic_cooldown_s: Optional[Sequence[int]] = _DEFAULT_COOLDOWN_S,
+                 elastic_reset_limit: Optional[int] = _DEFAULT_RESET_LIMIT) -> int:
     """Start ``ps`` PS tasks and ``workers`` workers running ``gmeta train train_argv``,
     restarting the whole cluster up to ``restarts.max_restarts`` times. ``network`` (a
     ``--network`` profile) other than loopback puts every process on an emulated host
@@ -211,6 +213,8 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     a lost worker is absorbed by the others with no restart; a lost PS restarts as without it.
     ``elastic_cooldown_s`` (``cluster.elastic_cooldown_s``): how long a lost worker's host stays
     out of the ring before horovodrun starts a new worker there (None: it never returns).
+    ``elastic_reset_limit`` (``cluster.elastic_reset_limit``): horovodrun's ``--reset-limit``, so a
+    ring that keeps failing ends instead of resetting forever.
 
     Returns 0 on success, or the exit code of the stop signal the launcher was sent; raises
     ``JobFailed`` naming every failed rank / PS otherwise, with its first cause's exit code.
@@ -232,7 +236,8 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
         with _status_dir(run_dir) as status:
             def local(env):
                 return LocalCluster(log=log, env=env, elastic=elastic, elastic_dir=_elastic_dir(run_dir, status),
-                                    elastic_cooldown_s=None if elastic_cooldown_s is None else list(elastic_cooldown_s))
+                                    elastic_cooldown_s=None if elastic_cooldown_s is None else list(elastic_cooldown_s),
+                                    elastic_reset_limit=elastic_reset_limit)
             return _supervise(local, workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s,
                               status)
     if "--no-resume" in train_argv:

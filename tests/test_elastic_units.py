@@ -43,6 +43,9 @@ def test_horovodrun_args_make_an_elastic_ring_that_may_shrink_to_one_and_grow_ba
     assert args[at + 1:at + 3] == ["1", "10"]  # a lost worker's host returns after its cool-down
     assert args[args.index("--network-interfaces") + 1] == "lo" and "--gloo" in args and "-H" not in args
     assert "--blacklist-cooldown-range" not in horovodrun_args(3, script, None)  # null: it never returns
+    assert "--reset-limit" not in args  # none given: unbounded (horovodrun's own default)
+    limited = horovodrun_args(3, script, None, reset_limit=2)
+    assert limited[limited.index("--reset-limit") + 1] == "2"
 
 
 @pytest.mark.fast

@@ -63,7 +63,8 @@ def local(workers, ps_count, timeout_s, max_restarts, backoff_s, network, networ
         code = launch_local(workers, ps_count, argv, log=lambda m: click.echo(m), timeout_s=timeout_s,
                             restarts=RestartPolicy(max_restarts, backoff_s), grace_s=cfg.train.preemption_grace_s,
                             network=network, network_faults=network_faults, run_dir=run_dir, elastic=elastic,
-                            elastic_cooldown_s=cfg.cluster.elastic_cooldown_s)
+                            elastic_cooldown_s=cfg.cluster.elastic_cooldown_s,
+                            elastic_reset_limit=cfg.cluster.elastic_reset_limit)
     except LaunchStopped as e:
         sys.exit(signal_exit(e.signum))
     if code:

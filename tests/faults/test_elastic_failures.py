@@ -28,6 +28,7 @@ def test_a_rank_that_fails_at_every_step_ends_an_elastic_ring_with_a_code_not_to
     assert code == exit_codes.FAILED.code and not exit_codes.retryable(code), out[-4000:]
     assert "injected failure at step 25 (rank 1" in out, out[-4000:]
     assert "the ring re-formed" not in out, out[-4000:]  # no rollback for an error of the rank's own
+    assert "--reset-limit 3" in out, out[-4000:]  # cluster.elastic_reset_limit's default reaches horovodrun
     records = {r.rank: r for r in rank_status.read_processes(str(run / "status"))}
     assert records[1].exit.reason is ExitReason.CRASHED, records[1]
     assert "injected failure at step 25" in records[1].exit.message
