@@ -123,10 +123,9 @@ def _batch_chunk(batch: dict, before: np.ndarray, after: np.ndarray, rows: np.nd
         sup_keep, sup_ids = sets["support"]
         qry_keep, qry_ids = sets["query"]
         items = FlatItems(segments.offsets_from_counts(sup_keep.sum(axis=1)),
-                          _masked(sup_ids, np.arange(len(rows)), sup_keep).astype(np.int64),
-                          _masked(batch["support"]["label"].numpy()[rows].astype(np.float64),
-                                  np.arange(len(rows)), sup_keep),
-                          offsets, _masked(qry_ids, np.arange(len(rows)), qry_keep).astype(np.int64))
+                          _masked(sup_ids, rows, sup_keep).astype(np.int64),
+                          _masked(batch["support"]["label"].numpy(), rows, sup_keep).astype(np.float64),
+                          offsets, _masked(qry_ids, rows, qry_keep).astype(np.int64))
     return QueryChunk(ids, offsets, _masked(batch["query"]["label"].numpy(), rows, keep),
                       _masked(before, rows, keep), _masked(after, rows, keep), items)
 

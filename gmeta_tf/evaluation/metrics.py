@@ -107,6 +107,8 @@ class PooledAUC:
     summed in integers (twice the statistic).
     """
 
+    MERGE_AT = 1 << 16  # pending distinct scores that always trigger a merge
+
     def __init__(self) -> None:
         self._parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._merged = 0  # distinct scores in the first part, once merged
@@ -121,7 +123,7 @@ class PooledAUC:
         pos = np.bincount(inv, weights=positive(labels), minlength=u.size).astype(np.int64)
         self._parts.append((u, pos, np.bincount(inv, minlength=u.size).astype(np.int64)))
         self._pending += u.size
-        if self._pending > max(self._merged, 1 << 16):
+        if self._pending > max(self._merged, self.MERGE_AT):
             self._merge()
 
     def _merge(self) -> None:

@@ -64,9 +64,9 @@ def _hits_dcg_flat(scores: np.ndarray, rel: np.ndarray, offsets: np.ndarray, k: 
     rel_in = np.bincount(group, weights=rel[order], minlength=starts.size)
     slots = np.clip(k - start, 0.0, sizes)  # how many of the group's positions are in the top k
     c = _discounts(k, k)  # c[p] for p > k is c[k]: positions beyond k add nothing
-    hits = np.bincount(owner, weights=rel_in * slots / sizes, minlength=users)
-    dcg = np.bincount(owner, weights=rel_in * (c[np.minimum(end, k)] - c[np.minimum(start, k)]) / sizes,
-                      minlength=users)
+    by_user = segments.offsets_from_counts(np.bincount(owner, minlength=users))  # groups are in user order
+    hits = segments.segment_sum(rel_in * slots / sizes, by_user)
+    dcg = segments.segment_sum(rel_in * (c[np.minimum(end, k)] - c[np.minimum(start, k)]) / sizes, by_user)
     return hits, dcg
 
 

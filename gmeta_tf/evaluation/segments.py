@@ -42,10 +42,64 @@ def segment_ids(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
 
 
+_PW_BLOCK = 128  # numpy's PW_BLOCKSIZE: runs up to this long are summed with 8 accumulators
+_UNROLL = 8
+
+
 def segment_sum(values: np.ndarray, offsets: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
-    """Per-user sum of ``values`` (0 for an empty user); ``ids`` = ``segment_ids(offsets)`` if known."""
-    ids = segment_ids(offsets) if ids is None else ids
-    return np.bincount(ids, weights=np.asarray(values, np.float64), minlength=len(offsets) - 1)
+    """Per-user sum of ``values`` (0 for an empty user), bit for bit what ``np.sum`` gives on
+    each user's slice; ``ids`` (``segment_ids(offsets)``) is accepted for symmetry and unused.
+
+    Why bit for bit: a baseline's prediction is built from per-user sums (its support residual),
+    and the pooled AUC ranks every user's predictions together, so a last-bit difference can
+    join or split a tie between two users and move the AUC far more than the rounding itself.
+    numpy sums a contiguous float64 run pairwise (``pairwise_sum`` in its ``loops_utils``):
+    sequentially from 0 below 8 values, with 8 strided accumulators up to 128 values (plus a
+    sequential tail), and by halving (at a multiple of 8) above that; this repeats it for all
+    users at once (one ``np.bincount`` per level of the recursion).
+    """
+    del ids
+    v = np.asarray(values, np.float64)
+    offsets = np.asarray(offsets, np.int64)
+    return _pairwise(v, offsets[:-1], np.diff(offsets))
+
+
+def _pairwise(v: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    out = np.zeros(lengths.size)
+    big = lengths > _PW_BLOCK
+    if big.any():
+        n2 = lengths[big] // 2
+        n2 -= n2 % _UNROLL
+        out[big] = _pairwise(v, starts[big], n2) + _pairwise(v, starts[big] + n2, lengths[big] - n2)
+    small = ~big
+    if small.any():
+        out[small] = _block_sums(v, starts[small], lengths[small])
+    return out
+
+
+def _block_sums(v: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``pairwise_sum`` of runs of at most 128 values."""
+    n = lengths.size
+    run = np.repeat(np.arange(n, dtype=np.int64), lengths)
+    first = np.zeros(n, np.int64)
+    np.cumsum(lengths[:-1], out=first[1:])
+    pos = np.arange(run.size, dtype=np.int64) - first[run]  # position inside its run
+    x = v[starts[run] + pos]
+    short = lengths < _UNROLL
+    out = np.bincount(run, weights=np.where(short[run], x, 0.0), minlength=n).astype(np.float64)  # in order, from 0
+    tail = lengths % _UNROLL
+    head = ~short[run] & (pos < (lengths - tail)[run])
+    acc = np.bincount(run[head] * _UNROLL + pos[head] % _UNROLL, weights=x[head],
+                      minlength=n * _UNROLL).astype(np.float64).reshape(n, _UNROLL)
+    long = ~short
+    r = acc[long]
+    res = ((r[:, 0] + r[:, 1]) + (r[:, 2] + r[:, 3])) + ((r[:, 4] + r[:, 5]) + (r[:, 6] + r[:, 7]))
+    t_long, end = tail[long], (starts + lengths - tail)[long]
+    for t in range(_UNROLL - 1):  # the tail, in order
+        more = t_long > t
+        res[more] += v[end[more] + t]
+    out[long] = res
+    return out
 
 
 def concat(parts: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
