@@ -493,3 +493,29 @@ def test_padded_batch_flattens_like_the_per_task_loop():
         np.testing.assert_array_equal(chunk.items.support_labels[ss], sup_y[t][sup])
     whole = QueryChunk.concat([chunk, _batch_chunk(batch, b, a, rows[:2], None, True)])
     assert whole.users == 6 and whole.items.query_items[whole.offsets[4]:].tolist() == [-1] * int(q_mask[0].sum())
+
+
+# ------------------------------------------------------------------ the progress line of gmeta eval
+
+@fast
+def test_eval_progress_counts_users_against_the_split_and_prints_a_final_line_off_a_terminal():
+    import io
+
+    from gmeta_tf.cli.train_cmd import split_tasks, users_progress
+
+    schema = {"splits": {"test": {"tasks": 27}, "valid": {}}}
+    assert split_tasks(schema, "test") == 27 and split_tasks(schema, "test", max_tasks=10) == 10
+    assert split_tasks(schema, "valid") is None and split_tasks({}, "test", 5) == 5
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, live in ((io.StringIO(), False), (Terminal(), True)):
+        with users_progress(27, "eval test", stream) as step:
+            for n in (10, 10, 7):
+                step(n)
+        text = stream.getvalue()
+        last = text.replace("\r", "\n").strip().splitlines()[-1]
+        assert "eval test" in last and "27/27" in last and "users" in last, text
+        assert (text.count("\r") > 0) == live  # live updates only on a terminal
