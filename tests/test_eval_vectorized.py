@@ -17,8 +17,7 @@ from sklearn.metrics import roc_auc_score
 from gmeta_tf.config.schema import Config
 from gmeta_tf.evaluation import baselines, metrics, per_task, ranking, segments
 from gmeta_tf.evaluation.baselines import FlatItems, ItemStats, TaskItems
-from gmeta_tf.evaluation.evaluate import QueryChunk, score_chunks, task_scores
-from gmeta_tf.evaluation.stream import StreamScores
+from gmeta_tf.evaluation.stream import QueryChunk, StreamScores, score_chunks, task_scores
 
 fast = pytest.mark.fast
 TOL = 1e-12

@@ -33,7 +33,6 @@ import pyarrow.parquet as pq
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
 from gmeta_tf.evaluation import segments
-from gmeta_tf.metaio.reader import split_files
 
 _EPS = 1e-6  # keeps logit() finite for a shrinkage of 0 and an all-click support
 
@@ -112,6 +111,8 @@ def item_feature(schema: dict, name: Optional[str], data_path: str) -> Optional[
 
 def train_item_stats(data_path: str, schema: dict, item: Optional[str]) -> ItemStats:
     """Label sums and counts per item over every support and query sample of the train split."""
+    from gmeta_tf.metaio.reader import split_files  # here: the rest of this module needs no TensorFlow
+
     ids, sums, counts = [], [], []
     total, n_total = 0.0, 0
     for f in split_files(data_path, "train", schema):

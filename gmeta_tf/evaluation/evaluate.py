@@ -21,9 +21,9 @@ from __future__ import annotations
 import copy
 import json
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -33,7 +33,7 @@ from gmeta_tf.embedding.lookup import lookup_batch
 from gmeta_tf.evaluation import baselines, per_task, segments
 from gmeta_tf.evaluation.baselines import FlatItems
 from gmeta_tf.evaluation.per_task import TaskScores
-from gmeta_tf.evaluation.stream import StreamScores
+from gmeta_tf.evaluation.stream import CHUNK_USERS, Progress, QueryChunk, score_chunks, task_scores
 from gmeta_tf.meta import neighbourhood
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
 from gmeta_tf.metaio.reader import load_schema, make_dataset
@@ -60,46 +60,6 @@ def query_predictions(model: AdaptableModel, cfg: Config, batch: dict, *, steps:
         return before, before
     # After adapting, as trained: the head's scores plus the neighbourhood term (when the model has one).
     return before, predictions(model.kind, model.unscale(neighbourhood.adapted_scores(model, fast.dense, batch, fast.sparse)))
-
-
-CHUNK_USERS = 2048  # users scored together: big enough that numpy's per-call cost vanishes
-
-Progress = Callable[[int], None]  # called with the number of users just scored
-
-
-@dataclass
-class QueryChunk:
-    """Some users' query sets as flat arrays with ``offsets`` (``segments.py``), padding removed:
-    labels and the model's predictions before / after adapting; with ``items``, the samples the
-    baselines need (support items and labels, query items)."""
-
-    task_ids: np.ndarray  # str, one per user
-    offsets: np.ndarray
-    labels: np.ndarray
-    before: np.ndarray
-    after: np.ndarray
-    items: Optional[FlatItems] = None
-
-    @property
-    def users(self) -> int:
-        return len(self.offsets) - 1
-
-    @classmethod
-    def concat(cls, chunks: List["QueryChunk"]) -> "QueryChunk":
-        if len(chunks) == 1:
-            return chunks[0]
-        offsets = segments.offsets_from_counts(np.concatenate([np.diff(c.offsets) for c in chunks]))
-
-        def cat(name: str) -> np.ndarray:
-            return np.concatenate([getattr(c, name) for c in chunks])
-
-        items = None
-        if chunks[0].items is not None:
-            its = [c.items for c in chunks]
-            sup_items, sup_offsets = segments.concat([(i.support_items, i.support_offsets) for i in its])
-            items = FlatItems(sup_offsets, sup_items, np.concatenate([i.support_labels for i in its]), offsets,
-                              np.concatenate([i.query_items for i in its]))
-        return cls(cat("task_ids"), offsets, cat("labels"), cat("before"), cat("after"), items)
 
 
 def _masked(values: np.ndarray, rows: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -223,18 +183,6 @@ def evaluate_tasks(model: DLRM, cfg: Config, algo: str, split: Optional[str] = N
     return result, task_scores(stream, scorers, result["split"], cfg)
 
 
-def task_scores(stream: StreamScores, scorers: Dict[str, Tuple[str, str]], split: str, cfg: Config) -> TaskScores:
-    """The streamed parts as ``TaskScores``: ``scorers`` maps each reported scorer to (the
-    stream's name for its predictions, its role)."""
-    tasks = TaskScores(stream.kind, stream.task_ids(),
-                       {"split": split, "support": cfg.data.support, "query": cfg.data.query,
-                        "relevance_threshold": stream.threshold},
-                       stream.checks())
-    tasks.scorers = {name: stream.parts(key) for name, (key, _) in scorers.items()}
-    tasks.roles = {name: role for name, (_, role) in scorers.items()}
-    return tasks
-
-
 def _evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str], with_baselines: bool,
               progress: Optional[Progress] = None):
     """The result dict, the streamed scores, and scorer → (its name in the stream, role)."""
@@ -246,48 +194,6 @@ def _evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str], with_ba
     stats = baselines.train_item_stats(cfg.data.path, schema, item) if with_baselines else None
     chunks = _chunks(model, cfg, split, steps, lr, item=item, with_items=with_baselines)
     return score_chunks(chunks, cfg, algo, model.kind, split, steps, lr, item, stats, progress)
-
-
-def score_chunks(chunks, cfg: Config, algo: str, kind: str, split: str, steps: int, lr: float,
-                 item: Optional[str], stats: Optional[baselines.ItemStats], progress: Optional[Progress] = None):
-    """``_evaluate`` past the model: score streamed ``QueryChunk``s (model predictions before and
-    after adapting; with ``stats``, the baselines) and assemble ``eval.json``'s result."""
-    threshold = cfg.eval.relevance_threshold
-    k_item, k_user = cfg.eval.baseline_shrinkage, cfg.eval.baseline_user_shrinkage
-    adapted_needed = algo != "erm" or steps > 0
-    stream = StreamScores(kind, threshold)
-    for chunk in chunks:
-        preds = {"before": chunk.before}
-        if adapted_needed:
-            preds["after"] = chunk.after
-        if stats is not None:
-            preds.update(baselines.predict_flat(kind, stats, chunk.items, k_item, k_user, with_items=item is not None))
-        stream.add(chunk.task_ids, chunk.labels, chunk.offsets, preds)
-        if progress is not None:
-            progress(chunk.users)
-    result: Dict = {"algo": algo, "split": split, "tasks": stream.users, "query_samples": stream.samples}
-    no_adapt = stream.metrics("before")
-    if algo == "erm":
-        result.update(no_adapt)
-        result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
-        scorers = {algo: ("before", "model")}
-        if steps > 0:
-            result.update({f"{k}_finetune": v for k, v in stream.metrics("after").items()})
-            scorers[f"{algo}_finetune"] = ("after", "model")
-    else:
-        result.update(stream.metrics("after"))
-        result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
-        scorers = {algo: ("after", "model"), f"{algo}_no_adapt": ("before", "variant")}
-    result["adapt"] = {"steps": steps, "lr": lr, "params": cfg.meta.adapt}
-    result["ranking"] = stream.ranking_summary()
-    if stats is not None:
-        names = baselines.names(kind, item is not None)
-        result["baselines"] = {name: stream.metrics(name) for name in names}
-        result["baseline_setup"] = {"item_feature": item, "shrinkage": k_item, "user_shrinkage": k_user,
-                                    "train_samples": stats.samples, "train_items": int(stats.ids.size),
-                                    "global_mean": stats.global_mean}
-        scorers.update({name: (name, "baseline") for name in names})
-    return result, stream, scorers
 
 
 def write_eval(run_dir: str | Path, result: Dict, tasks: Optional[TaskScores] = None) -> str:

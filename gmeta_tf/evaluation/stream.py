@@ -10,16 +10,62 @@ arrives, all its users at once, and only what the report and the paired comparis
 * per user, its id, query size and label sum (``TaskScores.checks``);
 * for clicks, per scorer, ``metrics.PooledAUC``: the exact pooled AUC from a histogram of the
   distinct (clipped) scores, not the samples themselves.
+
+Pure numpy (no TensorFlow): ``evaluate.py`` cuts the model's padded batches into
+``QueryChunk``s; ``score_chunks`` does everything after that, which is what the tests and
+``bench/eval_metrics.py`` drive directly.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from gmeta_tf.evaluation import metrics, ranking, segments
+from gmeta_tf.config.schema import Config
+from gmeta_tf.evaluation import baselines, metrics, ranking, segments
+from gmeta_tf.evaluation.baselines import FlatItems
 from gmeta_tf.evaluation.metrics import Parts
-from gmeta_tf.evaluation.per_task import metric_names, task_parts_flat
+from gmeta_tf.evaluation.per_task import TaskScores, metric_names, task_parts_flat
+
+CHUNK_USERS = 2048  # users scored together: big enough that numpy's per-call cost vanishes
+
+Progress = Callable[[int], None]  # called with the number of users just scored
+
+
+@dataclass
+class QueryChunk:
+    """Some users' query sets as flat arrays with ``offsets`` (``segments.py``), padding removed:
+    labels and the model's predictions before / after adapting; with ``items``, the samples the
+    baselines need (support items and labels, query items)."""
+
+    task_ids: np.ndarray  # str, one per user
+    offsets: np.ndarray
+    labels: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    items: Optional[FlatItems] = None
+
+    @property
+    def users(self) -> int:
+        return len(self.offsets) - 1
+
+    @classmethod
+    def concat(cls, chunks: List["QueryChunk"]) -> "QueryChunk":
+        if len(chunks) == 1:
+            return chunks[0]
+        offsets = segments.offsets_from_counts(np.concatenate([np.diff(c.offsets) for c in chunks]))
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(c, name) for c in chunks])
+
+        items = None
+        if chunks[0].items is not None:
+            its = [c.items for c in chunks]
+            sup_items, sup_offsets = segments.concat([(i.support_items, i.support_offsets) for i in its])
+            items = FlatItems(sup_offsets, sup_items, np.concatenate([i.support_labels for i in its]), offsets,
+                              np.concatenate([i.query_items for i in its]))
+        return cls(cat("task_ids"), offsets, cat("labels"), cat("before"), cat("after"), items)
 
 
 class StreamScores:
@@ -89,3 +135,60 @@ class StreamScores:
         if not self._sizes:
             return {"query_size": np.zeros(0), "query_label_sum": np.zeros(0)}
         return {"query_size": np.concatenate(self._sizes), "query_label_sum": np.concatenate(self._label_sums)}
+
+
+def score_chunks(chunks: Iterable[QueryChunk], cfg: Config, algo: str, kind: str, split: str, steps: int,
+                 lr: float, item: Optional[str], stats: Optional[baselines.ItemStats],
+                 progress: Optional[Progress] = None):
+    """``gmeta eval`` past the model: score streamed ``QueryChunk``s (model predictions before
+    and after adapting; with ``stats``, the baselines of feature ``item``) and assemble
+    ``eval.json``'s result. Returns (result, the ``StreamScores``, scorer → (its name in the
+    stream, role)); ``progress`` hears each chunk's user count once it is scored."""
+    threshold = cfg.eval.relevance_threshold
+    k_item, k_user = cfg.eval.baseline_shrinkage, cfg.eval.baseline_user_shrinkage
+    adapted_needed = algo != "erm" or steps > 0
+    stream = StreamScores(kind, threshold)
+    for chunk in chunks:
+        preds = {"before": chunk.before}
+        if adapted_needed:
+            preds["after"] = chunk.after
+        if stats is not None:
+            preds.update(baselines.predict_flat(kind, stats, chunk.items, k_item, k_user, with_items=item is not None))
+        stream.add(chunk.task_ids, chunk.labels, chunk.offsets, preds)
+        if progress is not None:
+            progress(chunk.users)
+    result: Dict = {"algo": algo, "split": split, "tasks": stream.users, "query_samples": stream.samples}
+    no_adapt = stream.metrics("before")
+    if algo == "erm":
+        result.update(no_adapt)
+        result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
+        scorers = {algo: ("before", "model")}
+        if steps > 0:
+            result.update({f"{k}_finetune": v for k, v in stream.metrics("after").items()})
+            scorers[f"{algo}_finetune"] = ("after", "model")
+    else:
+        result.update(stream.metrics("after"))
+        result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
+        scorers = {algo: ("after", "model"), f"{algo}_no_adapt": ("before", "variant")}
+    result["adapt"] = {"steps": steps, "lr": lr, "params": cfg.meta.adapt}
+    result["ranking"] = stream.ranking_summary()
+    if stats is not None:
+        names = baselines.names(kind, item is not None)
+        result["baselines"] = {name: stream.metrics(name) for name in names}
+        result["baseline_setup"] = {"item_feature": item, "shrinkage": k_item, "user_shrinkage": k_user,
+                                    "train_samples": stats.samples, "train_items": int(stats.ids.size),
+                                    "global_mean": stats.global_mean}
+        scorers.update({name: (name, "baseline") for name in names})
+    return result, stream, scorers
+
+
+def task_scores(stream: StreamScores, scorers: Dict[str, Tuple[str, str]], split: str, cfg: Config) -> TaskScores:
+    """The streamed parts as ``TaskScores``: ``scorers`` maps each reported scorer to (the
+    stream's name for its predictions, its role)."""
+    tasks = TaskScores(stream.kind, stream.task_ids(),
+                       {"split": split, "support": cfg.data.support, "query": cfg.data.query,
+                        "relevance_threshold": stream.threshold},
+                       stream.checks())
+    tasks.scorers = {name: stream.parts(key) for name, (key, _) in scorers.items()}
+    tasks.roles = {name: role for name, (_, role) in scorers.items()}
+    return tasks
