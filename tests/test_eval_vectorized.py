@@ -382,8 +382,8 @@ def _chunked(task_ids, labels, before, after, tasks: Optional[List[TaskItems]], 
         sl = slice(i, i + n)
         y, offsets = segments.flatten(labels[sl])
         items = FlatItems.from_tasks(tasks[sl]) if tasks is not None else None
-        out.append(QueryChunk(np.array(task_ids[sl], dtype=object), offsets, y,
-                              segments.flatten(before[sl])[0], segments.flatten(after[sl])[0], items))
+        out.append(QueryChunk(np.array(task_ids[sl], dtype=object), offsets, y,  # predictions keep their dtype
+                              segments.flatten(before[sl], None)[0], segments.flatten(after[sl], None)[0], items))
         i, j = i + n, j + 1
     return out
 
@@ -409,6 +409,14 @@ def test_streamed_eval_equals_the_old_code_path(kind, algo, steps, item):
     rng = np.random.default_rng(22)
     before = [np.round(p + rng.normal(0, 0.2, p.size), 1) if kind == "rating" else
               np.clip(np.round(p + rng.normal(0, 0.2, p.size), 1), 0, 1) for p in after]
+    # a model's predictions are float32; clicks saturate at both ends (the clip's float32 ties)
+    saturated = np.array([1.0, 0.99999994, 0.9999999, 0.99999988, 0.0, 1e-8, 1.0000000117e-07])
+    before, after = ([np.asarray(p, np.float32) for p in ps] for ps in (before, after))
+    if kind == "click":
+        for i in range(0, len(labels), 9):
+            after[i] = saturated[np.arange(after[i].size) % saturated.size].astype(np.float32)
+            before[i + 1] = after[i][::-1][: before[i + 1].size].copy() if after[i].size >= before[i + 1].size \
+                else before[i + 1]
     task_ids = [f"u{i}" for i in range(len(labels))]
     with_baselines = item != "no baselines"
     item = item if with_baselines else "item"

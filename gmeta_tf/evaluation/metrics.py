@@ -115,7 +115,9 @@ class PooledAUC:
         self._pending = 0
 
     def add(self, labels: np.ndarray, preds: np.ndarray) -> None:
-        q = np.clip(np.asarray(preds, np.float64), _CLIP, 1 - _CLIP)
+        # clipped in the predictions' own dtype (a model's float32 rounds the bounds, so every
+        # float32 score at or above float32(1 - 1e-7) joins one tie, as it always has)
+        q = np.clip(np.asarray(preds), _CLIP, 1 - _CLIP).astype(np.float64)
         if q.size == 0:
             return
         u, inv = np.unique(q, return_inverse=True)
@@ -164,7 +166,7 @@ def compute(kind: str, labels: List[np.ndarray], preds: List[np.ndarray]) -> Dic
     """The error metrics as reported: ``pooled`` over ``error_parts``; clicks add ``auc_pooled``
     (all users' samples ranked together) and ``auc_tasks`` (how many users have an AUC)."""
     y, offsets = segments.flatten(labels)
-    p, _ = segments.flatten(preds)
+    p, _ = segments.flatten(preds, dtype=None)  # the pooled AUC clips in the predictions' dtype
     parts = error_parts_flat(kind, y, p, offsets)
     if kind != "click":
         return summarize(kind, parts)

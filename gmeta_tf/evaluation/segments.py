@@ -22,10 +22,13 @@ def offsets_from_counts(counts: np.ndarray) -> np.ndarray:
 
 
 def flatten(arrays: Sequence[np.ndarray], dtype=np.float64) -> Tuple[np.ndarray, np.ndarray]:
-    """Per-user arrays as (flat values, offsets): the bridge from the list API."""
+    """Per-user arrays as (flat values, offsets): the bridge from the list API. ``dtype=None``
+    keeps the arrays' own (common) dtype."""
     counts = np.fromiter((np.size(a) for a in arrays), np.int64, len(arrays))
-    flat = np.concatenate([np.asarray(a, dtype).reshape(-1) for a in arrays]) if len(arrays) else np.zeros(0, dtype)
-    return flat.astype(dtype, copy=False), offsets_from_counts(counts)
+    if not len(arrays):
+        return np.zeros(0, dtype or np.float64), offsets_from_counts(counts)
+    flat = np.concatenate([np.asarray(a, dtype).reshape(-1) for a in arrays])
+    return flat, offsets_from_counts(counts)
 
 
 def split(flat: np.ndarray, offsets: np.ndarray) -> List[np.ndarray]:
