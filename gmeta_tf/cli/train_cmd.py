@@ -1,6 +1,11 @@
 """``gmeta train`` and ``gmeta eval``."""
 from __future__ import annotations
 
+import sys
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
 import click
 
 from gmeta_tf.cli.common import build_config, config_options, friendly_errors
@@ -73,6 +78,40 @@ def train(config_path, overrides, data, run_dir, algo, steps, resume, warm_start
                        f"(the checkpoint gmeta eval uses)")
 
 
+def split_tasks(schema: dict, split: str, max_tasks: int = 0) -> Optional[int]:
+    """How many users ``gmeta eval`` will score: the split's tasks in ``schema.json``
+    (``splits.<split>.tasks``), capped by ``eval.max_tasks``; None when the schema does not say."""
+    total = (((schema or {}).get("splits") or {}).get(split) or {}).get("tasks")
+    if total is None:
+        return max_tasks or None
+    return min(int(total), max_tasks) if max_tasks else int(total)
+
+
+@contextmanager
+def users_progress(total: Optional[int], desc: str, stream=None) -> Iterator[Callable[[int], None]]:
+    """A tqdm line on stderr counting users scored against ``total``: live on a terminal; when
+    stderr is not one (a log file, a pod's log), no carriage-return updates but one final line
+    with the same count and rate, so a log still says how many users were scored how fast."""
+    from tqdm import tqdm
+
+    stream = stream if stream is not None else sys.stderr
+    live = bool(getattr(stream, "isatty", lambda: False)())
+    bar = tqdm(total=total, desc=desc, unit=" users", file=stream, disable=not live, mininterval=0.5)
+    scored = 0
+    start = time.monotonic()
+
+    def step(users: int) -> None:
+        nonlocal scored
+        scored += users
+        bar.update(users)
+
+    yield step
+    bar.close()
+    if not live:
+        print(tqdm.format_meter(scored, total, time.monotonic() - start, prefix=desc, unit=" users"),
+              file=stream, flush=True)
+
+
 @click.command("eval")
 @click.option("--run", "run_dir", required=True, help="Run directory written by gmeta train.")
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), default=None,
@@ -102,7 +141,10 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
     from gmeta_tf.train.trained_run import load_trained
 
     cfg, model, ckpt = load_trained(run_dir, overrides, checkpoint=which)
-    result, tasks = evaluate_tasks(model, cfg, cfg.meta.algo, split)
+    scored = split or cfg.eval.split
+    total = split_tasks(load_schema(cfg.data.path), scored, cfg.eval.max_tasks)
+    with users_progress(total, f"eval {scored}") as progress:
+        result, tasks = evaluate_tasks(model, cfg, cfg.meta.algo, split, progress=progress)
     result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
     # which data was scored, and with which checkpoint
     result["data"] = {**data_record(cfg.data.path, load_schema(cfg.data.path)), "checkpoint": ckpt.restored}

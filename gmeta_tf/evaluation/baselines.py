@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.errors import DataError
-from gmeta_tf.metaio.reader import split_files
+from gmeta_tf.evaluation import segments
 
 _EPS = 1e-6  # keeps logit() finite for a shrinkage of 0 and an all-click support
 
@@ -44,6 +44,27 @@ class TaskItems:
     support_items: np.ndarray
     support_labels: np.ndarray
     query_items: np.ndarray
+
+
+@dataclass(frozen=True)
+class FlatItems:
+    """Many cold users' samples as the model saw them, as flat arrays with offsets
+    (``segments.py``): support (items, labels) and query items. What ``gmeta eval`` streams:
+    no object per user."""
+
+    support_offsets: np.ndarray
+    support_items: np.ndarray
+    support_labels: np.ndarray
+    query_offsets: np.ndarray
+    query_items: np.ndarray
+
+    @classmethod
+    def from_tasks(cls, tasks: List[TaskItems]) -> "FlatItems":
+        """The list form (one ``TaskItems`` per user) as flat arrays."""
+        sup_items, sup_offsets = segments.flatten([t.support_items for t in tasks], np.int64)
+        sup_labels, _ = segments.flatten([t.support_labels for t in tasks])
+        q_items, q_offsets = segments.flatten([t.query_items for t in tasks], np.int64)
+        return cls(sup_offsets, sup_items, sup_labels, q_offsets, q_items)
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,8 @@ def item_feature(schema: dict, name: Optional[str], data_path: str) -> Optional[
 
 def train_item_stats(data_path: str, schema: dict, item: Optional[str]) -> ItemStats:
     """Label sums and counts per item over every support and query sample of the train split."""
+    from gmeta_tf.metaio.reader import split_files  # here: the rest of this module needs no TensorFlow
+
     ids, sums, counts = [], [], []
     total, n_total = 0.0, 0
     for f in split_files(data_path, "train", schema):
@@ -128,35 +151,51 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def _user_residual(stats: ItemStats, task: TaskItems, k_item: float, k_user: float) -> float:
-    """sum over the support of (y − item baseline) / (n_support + k_user); 0 without support."""
-    n = task.support_labels.size
-    if n + k_user <= 0:
-        return 0.0
-    base = stats.item_means(task.support_items, k_item)
-    return float(np.sum(task.support_labels - base) / (n + k_user))
+def names(kind: str, with_items: bool = True) -> tuple:
+    """The baselines ``predict`` returns, in order."""
+    out = ("global_ctr", "item_ctr", "item_ctr_user_bias") if kind == "click" else \
+        ("global_mean", "item_mean", "item_mean_user_bias")
+    return out if with_items else out[:1]
+
+
+def predict_flat(kind: str, stats: ItemStats, items: FlatItems, k_item: float, k_user: float,
+                 with_items: bool = True) -> Dict[str, np.ndarray]:
+    """Query predictions of every baseline for all users at once: one flat array per baseline,
+    aligned with ``items.query_items`` (segments ``items.query_offsets``)."""
+    q = np.asarray(items.query_items, np.int64)
+    out: Dict[str, np.ndarray] = {}
+    which = names(kind, with_items)
+    out[which[0]] = np.full(q.shape, stats.global_mean, dtype=np.float64)
+    if not with_items:
+        return out
+    item = stats.item_means(q, k_item)
+    out[which[1]] = item
+    # the user's residual: sum over the support of (y − item baseline) / (n_support + k_user); 0
+    # without support (or when n_support + k_user is 0)
+    sup_offsets = items.support_offsets
+    n = segments.counts(sup_offsets).astype(np.float64)
+    sup_ids = segments.segment_ids(sup_offsets)
+    base = stats.item_means(items.support_items, k_item)
+    resid = segments.segment_sum(np.asarray(items.support_labels, np.float64) - base, sup_offsets, sup_ids)
+    ok = n + k_user > 0
+    r = np.zeros(n.size)
+    r[ok] = resid[ok] / (n[ok] + k_user)
+    q_user = segments.segment_ids(items.query_offsets)
+    if kind == "click":
+        shift = np.zeros(n.size)
+        has = n > 0  # move the support's mean item CTR p̄ to p̄ + r
+        p_bar = segments.segment_sum(base, sup_offsets, sup_ids)[has] / n[has]
+        shift[has] = _logit(p_bar + r[has]) - _logit(p_bar)
+        out[which[2]] = 1.0 / (1.0 + np.exp(-(_logit(item) + shift[q_user])))
+    else:
+        out[which[2]] = item + r[q_user]
+    return out
 
 
 def predict(kind: str, stats: ItemStats, tasks: List[TaskItems], k_item: float, k_user: float,
             with_items: bool = True) -> Dict[str, List[np.ndarray]]:
-    """Query predictions of every baseline, per task (the order of ``tasks``)."""
-    names = ("global_ctr", "item_ctr", "item_ctr_user_bias") if kind == "click" else \
-        ("global_mean", "item_mean", "item_mean_user_bias")
-    out: Dict[str, List[np.ndarray]] = {n: [] for n in (names if with_items else names[:1])}
-    for task in tasks:
-        q = task.query_items
-        out[names[0]].append(np.full(q.shape, stats.global_mean, dtype=np.float64))
-        if not with_items:
-            continue
-        item = stats.item_means(q, k_item)
-        out[names[1]].append(item)
-        r = _user_residual(stats, task, k_item, k_user)
-        if kind == "click":
-            shift = 0.0
-            if task.support_items.size:  # move the support's mean item CTR p̄ to p̄ + r
-                p_bar = float(np.mean(stats.item_means(task.support_items, k_item)))
-                shift = float(_logit(np.asarray(p_bar + r)) - _logit(np.asarray(p_bar)))
-            out[names[2]].append(1.0 / (1.0 + np.exp(-(_logit(item) + shift))))
-        else:
-            out[names[2]].append(item + r)
-    return out
+    """Query predictions of every baseline, per task (the order of ``tasks``): ``predict_flat``
+    on the list form."""
+    flat = FlatItems.from_tasks(tasks)
+    preds = predict_flat(kind, stats, flat, k_item, k_user, with_items)
+    return {name: segments.split(p, flat.query_offsets) for name, p in preds.items()}

@@ -9,6 +9,12 @@ trained and, separately, fine-tuned on the support set (``*_finetune`` keys).
 Next to the model, the same users' query sets are scored by simple baselines fitted on the
 training split and the user's support set (``baselines``, see ``baselines.py``), and every scorer
 gets a ranking view per user (``p_at_5``, ``ndcg_at_5``, see ``ranking.py``).
+
+Users stream: each batch's real tasks are cut out of the padded ``[T, Q]`` tensors by one
+boolean mask into flat arrays with offsets (``segments.py``), batches gather into chunks of
+``CHUNK_USERS`` users, and each chunk is scored for every scorer at once as it arrives
+(``stream.StreamScores``), which keeps only per-user parts: memory and time per user do not
+grow with the split.
 """
 from __future__ import annotations
 
@@ -17,16 +23,17 @@ import json
 import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from gmeta_tf.config.schema import Config
 from gmeta_tf.embedding.lookup import lookup_batch
-from gmeta_tf.evaluation import baselines, metrics, per_task, ranking
-from gmeta_tf.evaluation.baselines import TaskItems
+from gmeta_tf.evaluation import baselines, per_task, segments
+from gmeta_tf.evaluation.baselines import FlatItems
 from gmeta_tf.evaluation.per_task import TaskScores
+from gmeta_tf.evaluation.stream import CHUNK_USERS, Progress, QueryChunk, score_chunks, task_scores
 from gmeta_tf.meta import neighbourhood
 from gmeta_tf.meta.inner_loop import InnerLoopSpec, adapt, initial_fast_weights
 from gmeta_tf.metaio.reader import load_schema, make_dataset
@@ -55,22 +62,32 @@ def query_predictions(model: AdaptableModel, cfg: Config, batch: dict, *, steps:
     return before, predictions(model.kind, model.unscale(neighbourhood.adapted_scores(model, fast.dense, batch, fast.sparse)))
 
 
-def _batch_items(batch: dict, item: Optional[str]) -> Dict[str, np.ndarray]:
-    """The numpy arrays ``_task_items`` slices (converted once per batch, not once per task)."""
-    out = {}
-    for which in ("support", "query"):
-        mask = batch[which]["mask"].numpy()
-        out[f"{which}_mask"] = mask > 0
-        ids = batch[which].get("raw_cat", batch[which]["cat"])  # real ids, even with data.min_id_count
-        out[f"{which}_items"] = ids[item].numpy() if item else np.full(mask.shape, -1, np.int64)
-    out["support_labels"] = batch["support"]["label"].numpy().astype(np.float64)
-    return out
+def _masked(values: np.ndarray, rows: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The kept entries of ``values``' ``rows``, row by row, flat (``keep`` is ``[rows, width]``)."""
+    return values[rows][keep].reshape(-1)
 
 
-def _task_items(arrays: Dict[str, np.ndarray], t: int) -> TaskItems:
-    """Task ``t``'s support (items, labels) and query items, masked exactly like its predictions."""
-    sup, qry = arrays["support_mask"][t], arrays["query_mask"][t]
-    return TaskItems(arrays["support_items"][t][sup], arrays["support_labels"][t][sup], arrays["query_items"][t][qry])
+def _batch_chunk(batch: dict, before: np.ndarray, after: np.ndarray, rows: np.ndarray,
+                 item: Optional[str], with_items: bool) -> QueryChunk:
+    """Tasks ``rows`` of one padded batch as a ``QueryChunk`` (vectorized: one mask, no loop per task)."""
+    keep = batch["query"]["mask"].numpy()[rows] > 0
+    offsets = segments.offsets_from_counts(keep.sum(axis=1))
+    ids = np.char.decode(batch["task_id"].numpy()[rows].astype(bytes), "utf-8").astype(object)
+    items = None
+    if with_items:
+        sets = {}
+        for which in ("support", "query"):
+            mask = batch[which]["mask"].numpy()[rows] > 0
+            raw = batch[which].get("raw_cat", batch[which]["cat"])  # real ids, even with data.min_id_count
+            sets[which] = (mask, raw[item].numpy() if item else np.full(mask.shape, -1, np.int64))
+        sup_keep, sup_ids = sets["support"]
+        qry_keep, qry_ids = sets["query"]
+        items = FlatItems(segments.offsets_from_counts(sup_keep.sum(axis=1)),
+                          _masked(sup_ids, rows, sup_keep).astype(np.int64),
+                          _masked(batch["support"]["label"].numpy(), rows, sup_keep).astype(np.float64),
+                          offsets, _masked(qry_ids, rows, qry_keep).astype(np.int64))
+    return QueryChunk(ids, offsets, _masked(batch["query"]["label"].numpy(), rows, keep),
+                      _masked(before, rows, keep), _masked(after, rows, keep), items)
 
 
 def adaptation(cfg: Config, algo: str) -> tuple[int, float]:
@@ -86,9 +103,12 @@ def query_scores(model: DLRM, cfg: Config, split: Optional[str] = None) -> Dict[
     ``evaluate`` computes its metrics from, ``before`` and ``after`` adaptation (one array per
     task, padding removed). What an export's parity with ``gmeta eval`` is checked against."""
     steps, lr = adaptation(cfg, cfg.meta.algo)
-    task_ids: List[str] = []
-    labels, before, after = _collect(model, cfg, split or cfg.eval.split, steps, lr, task_ids=task_ids)
-    return {"task_ids": task_ids, "labels": labels, "before": before, "after": after}
+    chunks = list(_chunks(model, cfg, split or cfg.eval.split, steps, lr))
+    if not chunks:
+        return {"task_ids": [], "labels": [], "before": [], "after": []}
+    c = QueryChunk.concat(chunks)
+    return {"task_ids": c.task_ids.tolist(), "labels": segments.split(c.labels, c.offsets),
+            "before": segments.split(c.before, c.offsets), "after": segments.split(c.after, c.offsets)}
 
 
 def _prediction_fn(model: AdaptableModel, cfg: Config, steps: int, lr: float):
@@ -119,114 +139,61 @@ def _prediction_fn(model: AdaptableModel, cfg: Config, steps: int, lr: float):
 _PREDICTION_FNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _collect(model: DLRM, cfg: Config, split: str, steps: int, lr: float,
-             items: Optional[List[TaskItems]] = None, item: Optional[str] = None,
-             task_ids: Optional[List[str]] = None):
-    """Per task: query labels and predictions before/after adaptation; with ``items``, also
-    appends each task's ``TaskItems`` (feature ``item``) to it, for the baselines; with
-    ``task_ids``, each task's id."""
-    ds = make_dataset(cfg.data.path, split, cfg.data, training=False, raw_ids=items is not None)
+def _chunks(model: DLRM, cfg: Config, split: str, steps: int, lr: float, item: Optional[str] = None,
+            with_items: bool = False, chunk_users: int = CHUNK_USERS) -> Iterator[QueryChunk]:
+    """The split's tasks in reading order (at most ``eval.max_tasks``), in chunks of about
+    ``chunk_users`` users: query labels and predictions before/after adaptation; with
+    ``with_items``, each task's samples of feature ``item`` for the baselines."""
+    ds = make_dataset(cfg.data.path, split, cfg.data, training=False, raw_ids=with_items)
     fn = _prediction_fn(model, cfg, steps, lr)
-    labels: List[np.ndarray] = []
-    before: List[np.ndarray] = []
-    after: List[np.ndarray] = []
+    cap = cfg.eval.max_tasks
+    pending: List[QueryChunk] = []
+    waiting = seen = 0
     for batch in ds:
+        rows = np.flatnonzero(batch["task_mask"].numpy() > 0)
+        if cap:
+            rows = rows[:cap - seen]
         b, a = (x.numpy() for x in fn(batch))
-        tm = batch["task_mask"].numpy()
-        mask = batch["query"]["mask"].numpy()
-        y = batch["query"]["label"].numpy()
-        arrays = _batch_items(batch, item) if items is not None else None
-        for t in np.flatnonzero(tm > 0):
-            keep = mask[t] > 0
-            labels.append(y[t][keep])
-            before.append(b[t][keep])
-            after.append(a[t][keep])
-            if items is not None:
-                items.append(_task_items(arrays, t))
-            if task_ids is not None:
-                task_ids.append(batch["task_id"][t].numpy().decode())
-            if cfg.eval.max_tasks and len(labels) >= cfg.eval.max_tasks:
-                return labels, before, after
-    return labels, before, after
+        pending.append(_batch_chunk(batch, b, a, rows, item, with_items))
+        waiting += rows.size
+        seen += rows.size
+        if waiting >= chunk_users:
+            yield QueryChunk.concat(pending)
+            pending, waiting = [], 0
+        if cap and seen >= cap:
+            break
+    if pending:
+        yield QueryChunk.concat(pending)
 
 
 def evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None, *,
-             with_baselines: bool = True) -> Dict:
+             with_baselines: bool = True, progress: Optional[Progress] = None) -> Dict:
     """The model's query metrics on ``split``'s tasks; ``with_baselines`` adds ``baselines`` (it
-    reads the train split's labels, which a repeated validation pass may want to skip)."""
-    return _evaluate(model, cfg, algo, split, with_baselines)[0]
+    reads the train split's labels, which a repeated validation pass may want to skip);
+    ``progress`` is told how many users each scored chunk held (validation passes none: quiet)."""
+    return _evaluate(model, cfg, algo, split, with_baselines, progress)[0]
 
 
 def evaluate_tasks(model: DLRM, cfg: Config, algo: str, split: Optional[str] = None, *,
-                   with_baselines: bool = True) -> Tuple[Dict, TaskScores]:
+                   with_baselines: bool = True, progress: Optional[Progress] = None) -> Tuple[Dict, TaskScores]:
     """``evaluate``'s result and every scorer's per-user metric parts (``per_task.TaskScores``:
     the model as reported, its other variant — ``<algo>_no_adapt`` or ``erm_finetune`` — and each
     baseline), for paired comparisons over users."""
-    result, (task_ids, labels, scorers) = _evaluate(model, cfg, algo, split, with_baselines)
-    threshold = cfg.eval.relevance_threshold
-    tasks = TaskScores(model.kind, task_ids,
-                       {"split": result["split"], "support": cfg.data.support, "query": cfg.data.query,
-                        "relevance_threshold": threshold},
-                       {"query_size": np.array([y.size for y in labels], np.float64),
-                        "query_label_sum": np.array([float(np.sum(y)) for y in labels])})
-    tasks.scorers = {name: per_task.task_parts(model.kind, labels, p, threshold) for name, (p, _) in scorers.items()}
-    tasks.roles = {name: role for name, (_, role) in scorers.items()}
-    return result, tasks
+    result, stream, scorers = _evaluate(model, cfg, algo, split, with_baselines, progress)
+    return result, task_scores(stream, scorers, result["split"], cfg)
 
 
-def _evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str], with_baselines: bool):
-    """The result dict, and (task ids, query labels, scorer → (query predictions, role))."""
+def _evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str], with_baselines: bool,
+              progress: Optional[Progress] = None):
+    """The result dict, the streamed scores, and scorer → (its name in the stream, role)."""
     split = split or cfg.eval.split
-    kind = model.kind
     steps, lr = adaptation(cfg, algo)
     schema = load_schema(cfg.data.path)
     item = baselines.item_feature(schema, cfg.eval.item_feature, cfg.data.path)  # fails before the long pass
-    items: List[TaskItems] = []
-    task_ids: List[str] = []
-    labels, before, after = _collect(model, cfg, split, steps, lr, items=items if with_baselines else None,
-                                     item=item, task_ids=task_ids)
-    result: Dict = {"algo": algo, "split": split, "tasks": len(labels),
-                    "query_samples": int(sum(len(y) for y in labels))}
-    threshold = cfg.eval.relevance_threshold
-    no_adapt = _score(kind, labels, before, threshold)
-    adapted = _score(kind, labels, after, threshold)
-    if algo == "erm":
-        result.update(no_adapt)
-        result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
-        scorers = {algo: (before, "model")}
-        if steps > 0:
-            result.update({f"{k}_finetune": v for k, v in adapted.items()})
-            scorers[f"{algo}_finetune"] = (after, "model")
-    else:
-        result.update(adapted)
-        result.update({f"{k}_no_adapt": v for k, v in no_adapt.items()})
-        scorers = {algo: (after, "model"), f"{algo}_no_adapt": (before, "variant")}
-    result["adapt"] = {"steps": steps, "lr": lr, "params": cfg.meta.adapt}
-    result["ranking"] = ranking.relevance_summary(kind, labels, threshold)
-    if with_baselines:
-        extra, preds = _baseline_results(cfg, schema, item, kind, labels, items)
-        result.update(extra)
-        scorers.update({name: (p, "baseline") for name, p in preds.items()})
-    return result, (task_ids, labels, scorers)
-
-
-def _score(kind: str, labels: List[np.ndarray], preds: List[np.ndarray], threshold: float) -> Dict:
-    return {**metrics.compute(kind, labels, preds), **ranking.ranking_metrics(kind, labels, preds, threshold)}
-
-
-def _baseline_results(cfg: Config, schema: dict, item: Optional[str], kind: str,
-                      labels: List[np.ndarray], items: List[TaskItems]) -> Tuple[Dict, Dict[str, List[np.ndarray]]]:
-    """``baselines`` (name → the model's metric keys) and ``baseline_setup`` for eval.json, and
-    each baseline's query predictions."""
-    stats = baselines.train_item_stats(cfg.data.path, schema, item)
-    k_item, k_user = cfg.eval.baseline_shrinkage, cfg.eval.baseline_user_shrinkage
-    preds = baselines.predict(kind, stats, items, k_item, k_user, with_items=item is not None)
-    return {
-        "baselines": {name: _score(kind, labels, p, cfg.eval.relevance_threshold) for name, p in preds.items()},
-        "baseline_setup": {"item_feature": item, "shrinkage": k_item, "user_shrinkage": k_user,
-                           "train_samples": stats.samples, "train_items": int(stats.ids.size),
-                           "global_mean": stats.global_mean},
-    }, preds
+    # the train split's statistics come first: each chunk's baselines are scored as it arrives
+    stats = baselines.train_item_stats(cfg.data.path, schema, item) if with_baselines else None
+    chunks = _chunks(model, cfg, split, steps, lr, item=item, with_items=with_baselines)
+    return score_chunks(chunks, cfg, algo, model.kind, split, steps, lr, item, stats, progress)
 
 
 def write_eval(run_dir: str | Path, result: Dict, tasks: Optional[TaskScores] = None) -> str:

@@ -34,8 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gmeta_tf.errors import DataError
-from gmeta_tf.evaluation.metrics import Parts, error_parts, pooled
-from gmeta_tf.evaluation.ranking import ranking_parts
+from gmeta_tf.evaluation import segments
+from gmeta_tf.evaluation.metrics import Parts, error_parts_flat, pooled
+from gmeta_tf.evaluation.ranking import ranking_parts_flat
 
 RATING_METRICS = ("mae", "rmse", "p_at_5", "ndcg_at_5")
 CLICK_METRICS = ("auc", "logloss", "p_at_5", "ndcg_at_5")
@@ -47,10 +48,20 @@ def metric_names(kind: str) -> Tuple[str, ...]:
     return CLICK_METRICS if kind == "click" else RATING_METRICS
 
 
+def task_parts_flat(kind: str, labels: np.ndarray, preds: np.ndarray, offsets: np.ndarray,
+                    threshold: float) -> Dict[str, Parts]:
+    """``task_parts`` of users given as flat arrays with ``offsets`` (``segments.py``): all
+    users at once, no Python call per user."""
+    parts = {**error_parts_flat(kind, labels, preds, offsets),
+             **ranking_parts_flat(kind, labels, preds, offsets, threshold)}
+    return {m: parts[m] for m in metric_names(kind)}
+
+
 def task_parts(kind: str, labels: List[np.ndarray], preds: List[np.ndarray], threshold: float) -> Dict[str, Parts]:
     """Per user (the order of ``labels``): each metric of ``metric_names(kind)`` as (num, den)."""
-    parts = {**error_parts(kind, labels, preds), **ranking_parts(kind, labels, preds, threshold)}
-    return {m: parts[m] for m in metric_names(kind)}
+    y, offsets = segments.flatten(labels)
+    p, _ = segments.flatten(preds)
+    return task_parts_flat(kind, y, p, offsets, threshold)
 
 
 @dataclass

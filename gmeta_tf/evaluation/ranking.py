@@ -23,6 +23,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from gmeta_tf.evaluation import segments
 from gmeta_tf.evaluation.metrics import Parts, pooled
 
 K = 5
@@ -41,32 +42,65 @@ def _discounts(n: int, k: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(d)])
 
 
+def _hits_dcg_flat(scores: np.ndarray, rel: np.ndarray, offsets: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Expected hits@k and expected DCG@k of every user (flat arrays with ``offsets``).
+
+    One ``lexsort`` by (user, −score) puts every user's items in rank order; a run of equal
+    (user, score) is a tie group occupying positions (start, start + size] of its user, and each
+    of its items sits at every one of those positions with equal probability.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    rel = np.asarray(rel, dtype=np.float64)
+    users = len(offsets) - 1
+    seg = segments.segment_ids(offsets)
+    order = np.lexsort((-s, seg))
+    seg_sorted = seg[order]
+    group, starts = segments.tie_groups(seg_sorted, -s[order])
+    ends = np.append(starts[1:], s.size)
+    owner = seg_sorted[starts]
+    start = starts - offsets[owner]  # the group's positions within its user
+    end = ends - offsets[owner]
+    sizes = (ends - starts).astype(np.float64)
+    rel_in = np.bincount(group, weights=rel[order], minlength=starts.size)
+    slots = np.clip(k - start, 0.0, sizes)  # how many of the group's positions are in the top k
+    c = _discounts(k, k)  # c[p] for p > k is c[k]: positions beyond k add nothing
+    by_user = segments.offsets_from_counts(np.bincount(owner, minlength=users))  # groups are in user order
+    hits = segments.segment_sum(rel_in * slots / sizes, by_user)
+    dcg = segments.segment_sum(rel_in * (c[np.minimum(end, k)] - c[np.minimum(start, k)]) / sizes, by_user)
+    return hits, dcg
+
+
 def expected_hits_dcg(scores: np.ndarray, rel: np.ndarray, k: int = K) -> Tuple[float, float]:
     """Expected number of relevant items in the top ``k`` and expected DCG@k of one user.
 
     Items are grouped by equal score; a group occupying positions (start, start + size] puts each
     of its items at every one of those positions with equal probability.
     """
-    scores = np.asarray(scores, dtype=np.float64)
-    rel = np.asarray(rel, dtype=np.float64)
-    n = scores.size
-    if n == 0:
+    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
+    if scores.size == 0:
         return 0.0, 0.0
-    _, group = np.unique(-scores, return_inverse=True)  # group 0 = the highest score
-    group = group.reshape(-1)
-    sizes = np.bincount(group).astype(np.float64)
-    rel_in = np.bincount(group, weights=rel)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    slots = np.clip(k - starts, 0.0, sizes)  # how many of the group's positions are in the top k
-    c = _discounts(n, k)
-    hits = float(np.sum(rel_in * slots / sizes))
-    dcg = float(np.sum(rel_in * (c[ends.astype(int)] - c[starts.astype(int)]) / sizes))
-    return hits, dcg
+    hits, dcg = _hits_dcg_flat(scores, rel, np.array([0, scores.size], np.int64), k)
+    return float(hits[0]), float(dcg[0])
 
 
 def ideal_dcg(n_relevant: int, k: int = K) -> float:
     return float(_discounts(max(n_relevant, 0), k)[min(n_relevant, k)]) if n_relevant > 0 else 0.0
+
+
+def ranking_parts_flat(kind: str, labels: np.ndarray, scores: np.ndarray, offsets: np.ndarray,
+                       threshold: float, k: int = K) -> Dict[str, Parts]:
+    """``ranking_parts`` of users given as flat arrays with ``offsets`` (``segments.py``)."""
+    rel = relevant(kind, labels, threshold)
+    users = len(offsets) - 1
+    size = segments.counts(offsets)
+    hits, dcg = _hits_dcg_flat(scores, rel, offsets, k)
+    n_rel = np.bincount(segments.segment_ids(offsets), weights=rel, minlength=users).astype(np.int64)
+    some, any_rel = size > 0, n_rel > 0
+    p_num, n_num = np.zeros(users), np.zeros(users)
+    p_num[some] = hits[some] / np.minimum(k, size[some])
+    ideal = _discounts(k, k)  # ideal_dcg(r) = ideal[min(r, k)]
+    n_num[any_rel] = dcg[any_rel] / ideal[np.minimum(n_rel[any_rel], k)]
+    return {f"p_at_{k}": (p_num, some.astype(np.float64)), f"ndcg_at_{k}": (n_num, any_rel.astype(np.float64))}
 
 
 def ranking_parts(kind: str, labels: List[np.ndarray], scores: List[np.ndarray],
@@ -74,19 +108,9 @@ def ranking_parts(kind: str, labels: List[np.ndarray], scores: List[np.ndarray],
     """Per user (the order of ``labels``): ``p_at_5`` and ``ndcg_at_5`` (suffix follows ``k``) as
     (num, den), pooled by ``metrics.pooled``: P@5 has den 1 for every user with a query, nDCG@5
     only for a user with a relevant item (the others are excluded, as defined above)."""
-    n = len(labels)
-    p_name, n_name = f"p_at_{k}", f"ndcg_at_{k}"
-    out = {p_name: (np.zeros(n), np.zeros(n)), n_name: (np.zeros(n), np.zeros(n))}
-    for i, (y, s) in enumerate(zip(labels, scores)):
-        if len(y) == 0:
-            continue
-        rel = relevant(kind, y, threshold)
-        hits, dcg = expected_hits_dcg(s, rel, k)
-        out[p_name][0][i], out[p_name][1][i] = hits / min(k, len(y)), 1.0
-        n_rel = int(rel.sum())
-        if n_rel:
-            out[n_name][0][i], out[n_name][1][i] = dcg / ideal_dcg(n_rel, k), 1.0
-    return out
+    y, offsets = segments.flatten(labels)
+    s, _ = segments.flatten(scores)
+    return ranking_parts_flat(kind, y, s, offsets, threshold, k)
 
 
 def ranking_metrics(kind: str, labels: List[np.ndarray], scores: List[np.ndarray],
@@ -95,8 +119,21 @@ def ranking_metrics(kind: str, labels: List[np.ndarray], scores: List[np.ndarray
     return {m: float(pooled(m, *p)) for m, p in ranking_parts(kind, labels, scores, threshold, k).items()}
 
 
+def relevance_counts(kind: str, labels: np.ndarray, offsets: np.ndarray, threshold: float) -> Tuple[int, int]:
+    """(users with a query, users with a relevant query item) of flat ``labels`` with ``offsets``."""
+    size = segments.counts(offsets)
+    n_rel = np.bincount(segments.segment_ids(offsets), weights=relevant(kind, labels, threshold),
+                        minlength=len(offsets) - 1)
+    return int(np.sum(size > 0)), int(np.sum((size > 0) & (n_rel > 0)))
+
+
+def summary(kind: str, users: int, ndcg_users: int, threshold: float, k: int = K) -> Dict:
+    """What the ranking numbers average over (the same for every scorer): for eval.json."""
+    return {"k": k, "relevance": "label 1" if kind == "click" else f"rating >= {threshold:g}",
+            "users": users, "ndcg_users": ndcg_users}
+
+
 def relevance_summary(kind: str, labels: List[np.ndarray], threshold: float, k: int = K) -> Dict:
     """What the ranking numbers average over (the same for every scorer): for eval.json."""
-    n_rel = [int(relevant(kind, y, threshold).sum()) for y in labels if len(y)]
-    return {"k": k, "relevance": "label 1" if kind == "click" else f"rating >= {threshold:g}",
-            "users": len(n_rel), "ndcg_users": sum(1 for r in n_rel if r > 0)}
+    y, offsets = segments.flatten(labels)
+    return summary(kind, *relevance_counts(kind, y, offsets, threshold), threshold, k)
