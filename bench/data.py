@@ -7,6 +7,7 @@ circle. Now every benchmark and the runner import this, and nothing imports the 
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -15,7 +16,8 @@ WORK = BENCH_DIR / "out"
 # ``python -m bench.run --smoke`` (``make bench-smoke``, tests/test_bench_smoke.py): every
 # section's code on tiny sizes, in its own directory, so a smoke run never touches the real
 # run's data, runs or results.
-SMOKE_WORK = WORK / "smoke"
+# ``GMETA_BENCH_SMOKE_WORK`` puts it elsewhere (tests/test_bench_smoke.py: the test's own tmp dir).
+SMOKE_WORK = Path(os.environ.get("GMETA_BENCH_SMOKE_WORK") or WORK / "smoke")
 # Users of the smoke's synthetic data: enough for 8 shards of a few users (the start-up section
 # reads one shard per rank) and a valid and a test split; small enough to prepare in a second.
 SMOKE_TASKS = 400

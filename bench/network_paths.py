@@ -120,9 +120,10 @@ class Sweep:
         return self.point_windows.get(profile, self.window)
 
 
-# ``smoke`` (bench/run.py --smoke): windows of a few steps, records every step, one pass, and
-# the scale runs at 2 workers: the same jobs on emulated hosts and the same counting.
-SMOKE_WINDOW, SMOKE_LOG_EVERY = (2, 4), 1
+# ``smoke`` (bench/run.py --smoke): a 15-step window, records every 5 steps, one pass, and the
+# scale runs at 2 workers: the same jobs on emulated hosts and the same counting. (A 2-step
+# window with records every step ended its 6-step job before the 0.2 s poll saw both ends.)
+SMOKE_WINDOW, SMOKE_LOG_EVERY = (5, 20), 5
 
 
 def smoke_sweep(sweep: "Sweep", points: Optional[Sequence[str]] = None,
