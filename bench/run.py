@@ -79,8 +79,8 @@ def bench_meta(results: Dict, smoke: bool = False) -> None:
     # model.ps_requests: one request per PS for all tables, or TFRA's per-table ops (one process).
     results["meta_step_ps_requests"] = measure_model_key(cfg, "ps_requests", ["per_ps", "per_table"], smoke=smoke)
     # model.fuse_tables: the 7 tables as one fused TFRA table, or one each (one process). 8 s (was
-    # 16): two runs gave 1.02 and 0.95 (per CPU second 1.04, 1.01; README), a spread the longer
-    # window did not narrow, and meta_step_features asks the same question at 7 tables again.
+    # 16): two 16-s runs gave 1.02 and 0.95 (per CPU second 1.04, 1.01; README): the spread between
+    # runs, not the window, bounds it, and meta_step_features asks the same question at 7 tables.
     results["meta_step_fused"] = measure_model_key(cfg, "fuse_tables", [True, False], seconds=8.0,
                                                    labels=["fused", "per_table"], smoke=smoke)
     # The same step with 7, 14, 28 tables of one width (the features copied), fused and per table;
