@@ -100,7 +100,7 @@ FULL_ENV = "GMETA_BENCH_NETWORK"
 # 30 steps (was 60) at 5 Mbit/s, the sweep's slowest point (~220 ms a step on the default path):
 # there the step is the link's, not the CPU's (0.97 of the busiest link busy), and the 60-step
 # window gave 143 tasks/s where 120 steps gave 144 (docs/network.md, "The shorter window's
-# noise"), so half of it reads the same figure. Every path and the two 4-worker runs there:
+# noise"), and a 15-step window (issue 53's smoke run) 144 again: half of it reads the same figure. Every path and the two 4-worker runs there:
 # ~45 s off make bench. Unshaped and at 100 Mbit/s a step is 35-60 ms: 60 steps stay (a few s).
 SLOW_WINDOWS: Dict[str, Tuple[int, int]] = {"rate=5mbit": (FIRST, FIRST + 30)}
 
