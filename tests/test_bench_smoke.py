@@ -8,9 +8,9 @@ the same code and tiny sizes, so a section that no longer runs fails here, befor
 The smoke's results go to this test's own directory (``--results``, ``GMETA_BENCH_SMOKE_WORK``):
 never ``bench/results.json``. The units below check the runner's own rules on a made-up section.
 
-What it costs (one `make bench-smoke` on the 2-core box, ``heavy`` load <= 4.5): the default
-sections ~13 min (meta 123 s, distributed 182, sharding 76, hot_split 72, startup 28, serve 21,
-export 1, delivery 20, faults 134, network ~120), almost all of it process start-ups (~15 s a
+What it costs (smoke runs on the 2-core box through ``tools/heavy``, load <= 4.5): the default
+sections ~13 min (meta 123 s, distributed 182, sharding 38, hot_split 72, startup 28, serve 21,
+export 1, delivery 20, faults 134, network 162), almost all of it process start-ups (~15 s a
 2-worker + 2-PS job, about 45 of them in all): the sizes are already a few steps. The
 on-request sections add ~5 min (network_repeats 99 s, hot_in_program_2w 77, wire_quality 61,
 sharding_network 79), none cheap, so this test runs the default sections and `make
