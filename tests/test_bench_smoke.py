@@ -60,6 +60,14 @@ WRITES = {
 }
 
 
+def _failures(out: str) -> str:
+    """Every traceback of the smoke's output (each failed section prints one) and its last lines:
+    a section's failure is far above the end of a quarter-hour's output."""
+    blocks = [b for b in out.split("Traceback (most recent call last):")[1:]]
+    tracebacks = ["Traceback" + b[:3000] for b in blocks]
+    return "\n".join([*tracebacks, "...", out[-3000:]])
+
+
 def _netns_missing():
     from launch.network.netns import missing_privilege
 
@@ -79,7 +87,7 @@ def test_every_bench_section_runs_whole_on_tiny_sizes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.run", "--smoke", "--results", str(results), *sections],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=1700)
     out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-8000:]
+    assert r.returncode == 0, _failures(out)
     got = json.loads(results.read_text())
     walls = got["bench_section_wall_s"]
     assert set(walls) == set(sections), walls
