@@ -21,7 +21,7 @@ TEST_WORKERS ?= 2
 # --durations: the slowest tests close every run, so a test that grows is seen where it grows.
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
-.PHONY: install test test-soak test-fast lint-imports demo bench profile quality lint clean image image-test jax-venv jax-compare
+.PHONY: install test test-soak test-fast lint-imports demo bench bench-smoke profile quality lint clean image image-test jax-venv jax-compare
 install: $(VENV)/.stamp-horovod $(VENV)/.stamp-package
 
 $(VENV)/bin/python:
@@ -82,6 +82,12 @@ demo: install
 bench: install
 	$(PY) -m bench.run
 
+# Every bench section (the on-request ones too) on tiny sizes, a few minutes: the sections' code
+# runs as in `make bench`, into bench/out/smoke/results.json (never bench/results.json); exits
+# non-zero naming every section that failed. `make test` runs it (tests/test_bench_smoke.py).
+bench-smoke: install
+	$(PY) -m bench.run --smoke
+
 # Where the one-process meta step's time goes (docs/profile.md), dense math compiled and not.
 profile: install
 	$(PY) -m bench.profile_step
@@ -96,7 +102,8 @@ $(JAX_VENV)/.stamp: bench/requirements-jax.txt
 	touch $@
 
 # gmeta's one-process step and the JAX step alternating in one window, and their HLO counts
-# (docs/profile.md, "TF's XLA program vs a JAX step").
+# (docs/profile.md, "TF's XLA program vs a JAX step"); the JSON (ratios with the jax, jaxlib and
+# tensorflow versions that made them) also goes to bench/out/jax-compare/compare.json.
 jax-compare: install jax-venv
 	$(PY) -m bench.jax_compare --jax-python $(JAX_VENV)/bin/python
 

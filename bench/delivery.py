@@ -21,13 +21,18 @@ SETS = [f"train.eval_every={EVAL_EVERY}", "train.early_stop_patience=8", "train.
         "train.checkpoint_every=1000"]
 
 
-def _day(work: Path, day: int) -> str:
+# ``smoke`` (bench/run.py --smoke): the three trainings a few steps each on a few users, one
+# validation each (EVAL_EVERY divides the steps)
+SMOKE_TASKS, SMOKE_STEPS = 300, 10
+
+
+def _day(work: Path, day: int, tasks: int = TASKS) -> str:
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.data.synth import synth
 
     raw, prepared = work / f"day{day}" / "raw", work / f"day{day}" / "prepared"
-    synth(str(raw), tasks=TASKS, seed=11, day=day, overwrite=True)
+    synth(str(raw), tasks=tasks, seed=11, day=day, overwrite=True)
     prepare([str(raw)], str(prepared), load_config("configs/quickstart.yaml").prepare, overwrite=True)
     return str(prepared)
 
@@ -51,9 +56,12 @@ def steps_to_reach(validation: List[Dict], metric: str, bar: float) -> Optional[
     return next((v["step"] for v in validation if v[metric] >= bar), None)
 
 
-def measure(work: Path, yesterday_steps: int = 400, today_steps: int = 400) -> Dict:
+def measure(work: Path, yesterday_steps: int = 400, today_steps: int = 400, smoke: bool = False) -> Dict:
     work.mkdir(parents=True, exist_ok=True)
-    day0, day1 = _day(work, 0), _day(work, 1)
+    if smoke:
+        yesterday_steps = today_steps = SMOKE_STEPS
+    tasks = SMOKE_TASKS if smoke else TASKS
+    day0, day1 = _day(work, 0, tasks), _day(work, 1, tasks)
     yesterday = _train(day0, work / "yesterday", yesterday_steps)
     scratch = _train(day1, work / "scratch", today_steps)
     warm = _train(day1, work / "warm", today_steps, warm_start=str(work / "yesterday"))
@@ -66,7 +74,7 @@ def measure(work: Path, yesterday_steps: int = 400, today_steps: int = 400) -> D
         "metric": metric, "scratch_best": bar, "scratch_steps": scratch_steps,
         "warm_steps": warm_steps, "warm_best": warm["best"]["value"], "warm_first_validation": warm["validation"][0][metric],
         "scratch_first_validation": scratch["validation"][0][metric], "yesterday_best": yesterday["best"]["value"],
-        "eval_every": EVAL_EVERY, "tasks_per_day": TASKS,
+        "eval_every": EVAL_EVERY, "tasks_per_day": tasks,
         "seconds_per_step": per_step,
     }
     if warm_steps is not None:

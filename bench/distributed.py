@@ -19,34 +19,37 @@ from typing import Dict, List, Sequence
 from bench.ps_rpcs import APPLY_SCOPES, top_scope
 
 STEPS = 120
+# ``smoke`` (bench/run.py --smoke): every job of the section, a few steps each, the same launches
+SMOKE_STEPS = 4
 RPC_KEYS = ("ps_rpcs_per_step", "ps_component_calls_per_step", "ps_lookup_transfers_per_step",
             "ps_apply_transfers_per_step", "ps_control_transfers_per_step")
 
 
-def _train_argv(data: str, out: Path, per_worker_T: int, sets: Sequence[str] = ()) -> List[str]:
+def _train_argv(data: str, out: Path, per_worker_T: int, sets: Sequence[str] = (), steps: int = STEPS) -> List[str]:
     return [*[a for s in sets for a in ("--set", s)], "--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--no-resume",
-            "--steps", str(STEPS), "--set", f"data.tasks_per_batch={per_worker_T}",
-            "--set", f"train.log_every={STEPS}", "--set", f"train.checkpoint_every={STEPS * 10}"]
+            "--steps", str(steps), "--set", f"data.tasks_per_batch={per_worker_T}",
+            "--set", f"train.log_every={steps}", "--set", f"train.checkpoint_every={steps * 10}"]
 
 
 def _aggregate(out: Path) -> float:
     return json.loads((out / "train_summary.json").read_text())["aggregate_tasks_per_s"]
 
 
-def measure(data: str, work: Path, log=print, sets: Sequence[str] = ()) -> Dict[str, float]:
+def measure(data: str, work: Path, log=print, sets: Sequence[str] = (), smoke: bool = False) -> Dict[str, float]:
     """The distributed row; ``sets`` (``KEY=VALUE`` overrides of the quickstart config) for A/B
-    comparisons (``python -m bench.distributed compare``)."""
+    comparisons (``python -m bench.distributed compare``); ``smoke``: ``SMOKE_STEPS`` a job."""
     from gmeta_tf.cli.main import cli
     from launch.local_cluster import LocalCluster
     from launch.supervisor import launch_local
 
     quiet = lambda m: None  # noqa: E731
+    steps = SMOKE_STEPS if smoke else STEPS
     single = work / "dist-1proc"
-    cli.main(["train", *_train_argv(data, single, 32, sets)], standalone_mode=False)
+    cli.main(["train", *_train_argv(data, single, 32, sets, steps)], standalone_mode=False)
     rates = {"tasks_per_s_1proc": _aggregate(single)}
     for workers, ps in ((2, 2), (2, 1)):
         out = work / f"dist-{workers}w{ps}ps"
-        launch_local(workers, ps, _train_argv(data, out, 16, sets), log=quiet, timeout_s=900)
+        launch_local(workers, ps, _train_argv(data, out, 16, sets, steps), log=quiet, timeout_s=900)
         rates[f"tasks_per_s_{workers}w{ps}ps"] = _aggregate(out)
     # PS round-trip share, inside rank 0 of a 2-worker, 2-PS job.
     cluster = LocalCluster(log=quiet)
@@ -55,7 +58,8 @@ def measure(data: str, work: Path, log=print, sets: Sequence[str] = ()) -> Dict[
         cluster.start_ps(2)
         code = cluster.run_workers(2, [sys.executable, "-m", "bench.distributed", "worker", data,
                                        str(share_file), "--ps", ",".join(cluster.ps_addresses),
-                                       *[a for s in sets for a in ("--set", s)]], timeout_s=900)
+                                       *[a for s in sets for a in ("--set", s)],
+                                       *(["--timed", str(SMOKE_TIMED)] if smoke else [])], timeout_s=900)
     finally:
         cluster.teardown()
     if code != 0:
@@ -69,30 +73,35 @@ def measure(data: str, work: Path, log=print, sets: Sequence[str] = ()) -> Dict[
         "step_ms": share["step_ms"], "ps_lookup_ms": share["lookup_ms"], "ps_apply_ms": share["apply_ms"],
         "ps_lookup_ops_per_step": share["ps_lookup_ops_per_step"], "ps_apply_ops_per_step": share["ps_apply_ops_per_step"],
         **{k: share[k] for k in RPC_KEYS},
-        "steps": STEPS,
+        "steps": steps,
     }
 
 
 def measure_ab(data: str, work: Path, variants: Dict[str, Sequence[str]], rounds: int = 2,
-               workers: int = 2, ps: int = 2) -> Dict[str, float]:
+               workers: int = 2, ps: int = 2, smoke: bool = False) -> Dict[str, float]:
     """Aggregate tasks/s of ``workers`` x ``ps`` ``gmeta launch local`` runs of each variant
     (name -> ``--set`` overrides), alternating (A, B, A, B: outside load hits both alike), the
-    median over ``rounds``: ``tasks_per_s_<name>`` each and every run's figure."""
+    median over ``rounds``: ``tasks_per_s_<name>`` each and every run's figure. ``smoke``: one
+    round of ``SMOKE_STEPS``."""
     import statistics
 
     from launch.supervisor import launch_local
 
     got: Dict[str, List[float]] = {v: [] for v in variants}
-    for r in range(rounds):
+    for r in range(1 if smoke else rounds):
         for name, sets in variants.items():
             out = work / f"ab-{name}-{r}"
-            launch_local(workers, ps, _train_argv(data, out, 16, sets), log=lambda m: None, timeout_s=900)
+            launch_local(workers, ps, _train_argv(data, out, 16, sets, SMOKE_STEPS if smoke else STEPS),
+                         log=lambda m: None, timeout_s=900)
             got[name].append(_aggregate(out))
     return {**{f"tasks_per_s_{v}": statistics.median(r) for v, r in got.items()},
             **{f"runs_{v}": r for v, r in got.items()}}
 
 
-def _worker(data: str, out_file: str, ps: str, sets: Sequence[str] = ()) -> None:
+SMOKE_TIMED = 2  # the smoke's PS-share worker: 2 timed calls of each pass, not 20
+
+
+def _worker(data: str, out_file: str, ps: str, sets: Sequence[str] = (), timed_n: int = 20) -> None:
     """Runs as a Horovod rank: times full steps, lookup-only and apply-only passes."""
     import tensorflow as tf
 
@@ -125,7 +134,7 @@ def _worker(data: str, out_file: str, ps: str, sets: Sequence[str] = ()) -> None
         model.embeddings.apply(rows, [tf.zeros([tf.shape(s.ids)[0], dims[s.name]]) for s in rows.shadows])
         return tf.constant(0.0)
 
-    def timed(fn, n=20):
+    def timed(fn, n=timed_n):
         fn(batches[0])
         rt.sync.barrier()
         t0 = time.perf_counter()
@@ -182,13 +191,14 @@ def compare(variants: Sequence[str], rounds: int = 1) -> Dict[str, Dict[str, flo
     return {v: {k: statistics.median(r[k] for r in rs) for k in COMPARED} for v, rs in runs.items()}
 
 
-def _sets(argv: Sequence[str]) -> List[str]:
-    return [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+def _sets(argv: Sequence[str], flag: str = "--set") -> List[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 5 and sys.argv[1] == "worker":
-        _worker(sys.argv[2], sys.argv[3], sys.argv[5], _sets(sys.argv[6:]))
+        _worker(sys.argv[2], sys.argv[3], sys.argv[5], _sets(sys.argv[6:]),
+                *[int(n) for n in _sets(sys.argv[6:], "--timed")[-1:]])
     elif len(sys.argv) >= 3 and sys.argv[1] == "compare":
         result = compare(sys.argv[2:])
         print(f"{'':22}" + "".join(f"{v[:24]:>26}" for v in result))

@@ -42,6 +42,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -52,10 +53,31 @@ CHECKPOINT_EVERY = 50
 STEPS = 120
 
 
-def _argv(data: str, run: Path, *extra: str) -> List[str]:
+@dataclass(frozen=True)
+class Sizes:
+    """The jobs' steps: ``log_every`` is also the elastic commit interval and the steps between
+    the marks the faults are timed at (the kill ``log_every`` after the checkpoint, the elastic
+    marks at ``checkpoint_every``, ``+ log_every`` and ``+ 2 log_every``)."""
+
+    steps: int = STEPS
+    checkpoint_every: int = CHECKPOINT_EVERY
+    log_every: int = 10
+
+    @property
+    def kill_at(self) -> int:
+        return self.checkpoint_every + self.log_every
+
+
+# ``smoke`` (bench/run.py --smoke): every fault and recovery of the section on a short job
+# (40 steps: the job is still running, tens of steps from its end, when the fault is sent)
+SMOKE = Sizes(steps=40, checkpoint_every=4, log_every=2)
+
+
+def _argv(data: str, run: Path, *extra: str, sizes: Sizes = Sizes()) -> List[str]:
     return [sys.executable, "-m", "gmeta_tf.cli.main", "launch", "local", "--workers", "2", "--ps", "2",
             "--timeout", "900", "--config", "configs/quickstart.yaml", "--data", data, "--out", str(run),
-            "--steps", str(STEPS), "--set", "train.log_every=10", "--set", "train.eval_every=0", *extra]
+            "--steps", str(sizes.steps), "--set", f"train.log_every={sizes.log_every}", "--set", "train.eval_every=0",
+            *extra]
 
 
 class _Job:
@@ -103,13 +125,13 @@ def _ps_pids(launcher_pid: int) -> List[int]:
             if "ps" in p.cmdline() and "serve" in p.cmdline()]
 
 
-def _measure_kill(data: str, work: Path, name: str, victim: Callable[["_Job"], int]) -> Dict:
-    """Kill ``victim(job)`` with SIGKILL ten steps after the checkpoint at ``CHECKPOINT_EVERY``;
-    the restarted job's record of its recovery, under ``<name>_*`` keys."""
+def _measure_kill(data: str, work: Path, name: str, victim: Callable[["_Job"], int], sizes: Sizes = Sizes()) -> Dict:
+    """Kill ``victim(job)`` with SIGKILL ten steps (``log_every``) after the checkpoint at
+    ``checkpoint_every``; the restarted job's record of its recovery, under ``<name>_*`` keys."""
     run = work / name
     job = _Job(_argv(data, run, "--no-resume", "--max-restarts", "1", "--set",
-                     f"train.checkpoint_every={CHECKPOINT_EVERY}"), work / f"{name}.log", run)
-    job.wait_step(CHECKPOINT_EVERY + 10)
+                     f"train.checkpoint_every={sizes.checkpoint_every}", sizes=sizes), work / f"{name}.log", run)
+    job.wait_step(sizes.kill_at)
     os.kill(victim(job), 9)
     code = job.finish()
     if code != 0:
@@ -118,45 +140,48 @@ def _measure_kill(data: str, work: Path, name: str, victim: Callable[["_Job"], i
     return {f"{name}_recovery_s": restart["recovery_s"], f"{name}_steps_redone": restart["steps_redone"],
             f"{name}_failed_at_step": restart["failed_at_step"],
             f"{name}_resumed_from_step": restart["resumed_from_step"], f"{name}_timeline_s": restart["timeline_s"],
-            "checkpoint_every": CHECKPOINT_EVERY}
+            "checkpoint_every": sizes.checkpoint_every}
 
 
-def measure_ps_kill(data: str, work: Path) -> Dict:
-    return _measure_kill(data, work, "ps_kill", lambda job: _ps_pids(job.proc.pid)[0])
+def measure_ps_kill(data: str, work: Path, sizes: Sizes = Sizes()) -> Dict:
+    return _measure_kill(data, work, "ps_kill", lambda job: _ps_pids(job.proc.pid)[0], sizes)
 
 
-def measure_worker_kill(data: str, work: Path) -> Dict:
-    return _measure_kill(data, work, "worker_kill", lambda job: job.ranks()[1].pid)
+def measure_worker_kill(data: str, work: Path, sizes: Sizes = Sizes()) -> Dict:
+    return _measure_kill(data, work, "worker_kill", lambda job: job.ranks()[1].pid, sizes)
 
 
-def measure_elastic_worker_kill(data: str, work: Path) -> Dict:
+def measure_elastic_worker_kill(data: str, work: Path, sizes: Sizes = Sizes()) -> Dict:
     """Rank 1 killed under ``--elastic`` (module docstring): the survivor's way past the loss."""
     run = work / "elastic_worker_kill"
+    every = sizes.log_every
+    first, killed_at = sizes.checkpoint_every, sizes.kill_at  # steps 50 and 60 in make bench
     # cluster.elastic_cooldown_s null: the lost host stays out, so the ring ends at one (elastic_ranks_at_end)
     job = _Job(_argv(data, run, "--no-resume", "--elastic", "--set", "train.checkpoint_every=1000",
-                     "--set", "train.elastic_commit_every=10", "--set", "cluster.elastic_cooldown_s=null"),
-               work / "elastic_worker_kill.log", run)
-    job.wait_until("rank 0 at step 50", lambda ranks: 0 in ranks and ranks[0].exit is None and ranks[0].step >= 50)
-    at_50 = time.monotonic()
-    job.wait_until("rank 0 at step 60", lambda ranks: ranks[0].exit is None and ranks[0].step >= 60)
-    steps_10_s = time.monotonic() - at_50
+                     "--set", f"train.elastic_commit_every={every}", "--set", "cluster.elastic_cooldown_s=null",
+                     sizes=sizes), work / "elastic_worker_kill.log", run)
+    job.wait_until(f"rank 0 at step {first}",
+                   lambda ranks: 0 in ranks and ranks[0].exit is None and ranks[0].step >= first)
+    at_first = time.monotonic()
+    job.wait_until(f"rank 0 at step {killed_at}", lambda ranks: ranks[0].exit is None and ranks[0].step >= killed_at)
+    steps_10_s = time.monotonic() - at_first
     os.kill(job.ranks()[1].pid, 9)
     killed = time.monotonic()
-    job.wait_until("rank 0 past the loss", lambda ranks: ranks[0].exit is None and ranks[0].step >= 70)
+    job.wait_until("rank 0 past the loss", lambda ranks: ranks[0].exit is None and ranks[0].step >= killed_at + every)
     recovery_s = time.monotonic() - killed
     code = job.finish()
     summary = json.loads((run / "train_summary.json").read_text()) if code == 0 else {}
-    if code != 0 or summary.get("last_step") != STEPS:
+    if code != 0 or summary.get("last_step") != sizes.steps:
         raise RuntimeError(f"bench faults: the elastic job exited {code}; log {job.log_path}")
     return {"elastic_worker_kill_recovery_s": recovery_s, "elastic_steps_10_s": steps_10_s,
             "elastic_worker_kill_restarts": len(summary["restarts"]), "elastic_ranks_at_end": summary["ranks"]}
 
 
-def measure_preemption(data: str, work: Path) -> Dict:
+def measure_preemption(data: str, work: Path, sizes: Sizes = Sizes()) -> Dict:
     run = work / "preempt"
-    argv = _argv(data, run, "--set", "train.checkpoint_every=1000")
+    argv = _argv(data, run, "--set", "train.checkpoint_every=1000", sizes=sizes)
     job = _Job([*argv, "--no-resume"], work / "preempt.log", run)
-    job.wait_step(60)
+    job.wait_step(sizes.kill_at)
     sent = time.monotonic()
     os.kill(job.proc.pid, exit_codes.STOP_SIGNALS[0])
     code = job.finish()
@@ -173,7 +198,8 @@ def measure_preemption(data: str, work: Path) -> Dict:
             "preempt_exit_s": exit_s, "preempt_step": step}
 
 
-def measure(data: str, work: Path) -> Dict:
+def measure(data: str, work: Path, smoke: bool = False) -> Dict:
     work.mkdir(parents=True, exist_ok=True)
-    return {**measure_worker_kill(data, work), **measure_ps_kill(data, work), **measure_preemption(data, work),
-            **measure_elastic_worker_kill(data, work)}
+    sizes = SMOKE if smoke else Sizes()
+    return {**measure_worker_kill(data, work, sizes), **measure_ps_kill(data, work, sizes),
+            **measure_preemption(data, work, sizes), **measure_elastic_worker_kill(data, work, sizes)}

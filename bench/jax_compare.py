@@ -1,6 +1,6 @@
 """gmeta's one-process meta step beside the same step in JAX (``bench/jax_step.py``), one window.
 
-    python -m bench.jax_compare --jax-python .venv-jax/bin/python [--rounds 5 --seconds 3]
+    python -m bench.jax_compare --jax-python .venv-jax/bin/python [--rounds 5 --seconds 3]   # + OUT/compare.json
     python -m bench.jax_compare --jax-python .venv-jax/bin/python --dump /tmp/hlo   # then bench/hlo_compare.py
 
 Why one window: on a shared 2-core box the load drifts by more than the difference being
@@ -134,9 +134,11 @@ class JaxProcess:
         script = Path(__file__).resolve().parent / "jax_step.py"
         self.proc = subprocess.Popen([python, str(script), str(data), "--serve"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
-        self.version = self.proc.stdout.readline().strip()  # after its compile
-        if not self.version:
+        first = self.proc.stdout.readline().strip()  # after its compile: which JAX, its first loss
+        if not first:
             raise RuntimeError("bench/jax_step.py did not start (is .venv-jax made? `make jax-venv`)")
+        self.started = json.loads(first)
+        self.versions = {k: self.started[k] for k in ("jax_version", "jaxlib_version")}
 
     def round(self, seconds: float, what: str = "") -> float:
         """tasks/s of the step (or with ``what="dense"`` of its dense math alone) over a round."""
@@ -171,11 +173,22 @@ def compare(cfg, jax_python: str, out: Path, rounds: int, seconds: float) -> Dic
     finally:
         jax.close()
     med = {name: statistics.median(r) for name, r in per.items()}
-    return {"tasks_per_s": med, "ms_per_step": {n: 1000.0 * T / r for n, r in med.items()},
-            "gmeta_nojit_over_jax": med["gmeta_nojit"] / med["jax"], "gmeta_jit_over_jax": med["gmeta_jit"] / med["jax"],
-            "gmeta_in_program_over_jax": med["gmeta_in_program"] / med["jax"],
-            "xla_dense_tf_over_jax": med["gmeta_xla_dense"] / med["jax_dense"],
-            "rounds": per, "jax": jax.version, "load": os.getloadavg()[0]}
+    ratios = {"gmeta_nojit_over_jax": med["gmeta_nojit"] / med["jax"], "gmeta_jit_over_jax": med["gmeta_jit"] / med["jax"],
+              "gmeta_in_program_over_jax": med["gmeta_in_program"] / med["jax"],
+              "xla_dense_tf_over_jax": med["gmeta_xla_dense"] / med["jax_dense"]}
+    # a ratio says nothing without the two stacks it compares: each carries them (and the top
+    # level, for a reader of one key)
+    versions = {**jax.versions, "tensorflow_version": tensorflow_version()}
+    return {"tasks_per_s": med, "ms_per_step": {n: 1000.0 * T / r for n, r in med.items()}, **ratios,
+            "ratios": {k: {"value": v, **versions} for k, v in ratios.items()}, **versions,
+            "rounds": per, "rounds_n": rounds, "seconds_per_round": seconds,
+            "jax_first_loss": jax.started.get("first_loss"), "load": os.getloadavg()[0]}
+
+
+def tensorflow_version() -> str:
+    import tensorflow as tf
+
+    return tf.__version__
 
 
 def dump(cfg, jax_python: str, out: Path) -> None:
@@ -224,7 +237,9 @@ def main(argv=None) -> int:
         print(f"HLO dumps: {out / 'tf'} {out / 'jax'}; python -m bench.hlo_compare {out / 'tf'} {out / 'jax'}")
         return exit_codes.DONE.code
     res = compare(cfg, args.jax_python, out, args.rounds, args.seconds)
-    print(json.dumps(res, indent=1))
+    text = json.dumps(res, indent=1)
+    (out / "compare.json").write_text(text)
+    print(text)
     return exit_codes.DONE.code
 
 

@@ -14,11 +14,13 @@ gradients). Tables are plain arrays, one per feature, donated to the step, so th
 are in-place scatters; everything the step does is in one XLA program.
 
     .venv-jax/bin/python bench/jax_step.py DIR --serve   # a round per stdin line "SECONDS"
+    (first line out: ``{"jax_version": ..., "jaxlib_version": ..., "first_loss": ...}``)
     .venv-jax/bin/python bench/jax_step.py DIR --dump /tmp/hlo-jax   # XLA_FLAGS set here
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -272,7 +274,12 @@ def main(argv=None) -> int:
     jax_block(dense(*dense_args))  # trace + compile, before the step donates the state
     dense_args = jax.tree_util.tree_map(lambda x: x.copy(), dense_args)
     state, loss = step(state, batches[0])  # trace + compile
-    print(f"jax {jax.__version__} jaxlib {jax.lib.__version__}; first loss {float(loss):.4f}", flush=True)
+    # the first line bench/jax_compare.py reads: which JAX measured (``jaxlib`` is its own
+    # package; ``jax.lib.__version__``, read here before, is an internal alias)
+    import jaxlib
+
+    print(json.dumps({"jax_version": jax.__version__, "jaxlib_version": jaxlib.__version__,
+                      "first_loss": round(float(loss), 4)}), flush=True)
     if args.dump:
         return exit_codes.DONE.code
     if not args.serve:

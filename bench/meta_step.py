@@ -33,6 +33,16 @@ from gmeta_tf.metaio.reader import load_schema, make_dataset
 from gmeta_tf.model.dlrm import DLRM
 from gmeta_tf.train.dense_sync import LocalSync
 
+# ``smoke`` (``python -m bench.run --smoke``): every variant traced, compiled and stepped, one round
+# of two steps each: the code runs as in the real run, only the window shrinks; no figure is read.
+SMOKE_SECONDS, SMOKE_ROUNDS = 0.0, 1
+ROUNDS = 4
+
+
+def _window(seconds: float, smoke: bool) -> Dict[str, float]:
+    """``_wall_and_cpu_rates``' window arguments: the measured ``seconds`` in ``ROUNDS``, or the smoke's."""
+    return {"seconds": SMOKE_SECONDS, "rounds": SMOKE_ROUNDS} if smoke else {"seconds": seconds, "rounds": ROUNDS}
+
 
 class TaskLoopStep(TrainStep):
     """``TrainStep`` whose loss is a per-task loop instead of the vectorized inner loop."""
@@ -45,14 +55,14 @@ class TaskLoopStep(TrainStep):
             self._loss = lambda batch: maml_loss_task_while_loop(model, meta, batch)
 
 
-def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = 4) -> Dict[str, float]:
+def _rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = ROUNDS) -> Dict[str, float]:
     """tasks/s of each step, measured in interleaved rounds (median over rounds): on a shared
     2-core box the load drifts, and interleaving puts every variant under the same drift.
     ``batches``: one list for all steps, or ``{step name: list}`` (steps on different data)."""
     return _wall_and_cpu_rates(steps, batches, seconds, T, rounds)[0]
 
 
-def _wall_and_cpu_rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = 4):
+def _wall_and_cpu_rates(steps: Dict[str, object], batches, seconds: float, T: int, rounds: int = ROUNDS):
     """``_rates`` and, per step, tasks per second of this process's CPU time (every thread's):
     the step's work, which other processes' load on a shared box changes far less than wall time."""
     mine = batches if isinstance(batches, dict) else {name: batches for name in steps}
@@ -93,14 +103,14 @@ def _batches(cfg: Config):
     return list(make_dataset(cfg.data.path, "train", cfg.data, training=True).take(8))
 
 
-def measure(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+def measure(cfg: Config, seconds: float = 8.0, smoke: bool = False) -> Dict[str, float]:
     schema = load_schema(cfg.data.path)
     T = cfg.data.tasks_per_batch
     batches = _batches(cfg)
     samples = float(sum(b["support"]["mask"].numpy().sum() + b["query"]["mask"].numpy().sum()
                         for b in batches)) / len(batches) / T
     rates = _rates({name: _step(cfg, schema, name) for name in ("jit", "nojit", "task_loop", "unrolled_loop")},
-                   batches, seconds, T)
+                   batches, T=T, **_window(seconds, smoke))
     default = "jit" if jit_enabled(cfg.meta) else "nojit"  # what meta.jit_compile (auto) runs
     rates["vectorized"] = rates[default]
     return {
@@ -119,10 +129,17 @@ def measure(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
     }
 
 
-def measure_jit(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+# 4 s (was 8): the four config rows (bench/run.py's JIT_ROWS) answer one question, whether XLA
+# should compile the dense math on CPU, and their ratios have sat at 0.45-0.89 over every run
+# (docs/profile.md's table): far enough from 1 that a half window cannot flip the answer. Saves
+# 4 rows x 2 steps x 4 s = 32 s of make bench's 45 minutes.
+JIT_ROW_SECONDS = 4.0
+
+
+def measure_jit(cfg: Config, seconds: float = JIT_ROW_SECONDS, smoke: bool = False) -> Dict[str, float]:
     """The vectorized step with its dense math uncompiled and compiled, side by side."""
     rates = _rates({name: _step(cfg, load_schema(cfg.data.path), name) for name in ("jit", "nojit")},
-                   _batches(cfg), seconds, cfg.data.tasks_per_batch)
+                   _batches(cfg), T=cfg.data.tasks_per_batch, **_window(seconds, smoke))
     default = "jit" if jit_enabled(cfg.meta) else "nojit"
     return {**_jit_keys(rates, default), "algo": cfg.meta.algo, "adapt": cfg.meta.adapt,
             "inner_steps": cfg.meta.inner_steps, "inner_solver": cfg.meta.inner_solver}
@@ -134,7 +151,7 @@ def _jit_keys(rates: Dict[str, float], default: str) -> Dict[str, float]:
 
 
 def measure_model_key(cfg: Config, key: str, values: Sequence, seconds: float = 8.0,
-                      labels: Sequence[str] = ()) -> Dict[str, float]:
+                      labels: Sequence[str] = (), smoke: bool = False) -> Dict[str, float]:
     """The vectorized step (the config's default compilation) under each value of ``model.<key>``,
     side by side: ``tasks_per_s_<label>`` each, ``speedup_<first>_over_<second>`` (``labels``:
     the values' names in the keys, by default the values themselves)."""
@@ -143,7 +160,7 @@ def measure_model_key(cfg: Config, key: str, values: Sequence, seconds: float = 
     labels = list(labels) or [str(v) for v in values]
     steps = {lab: _step(replace(cfg, model=replace(cfg.model, **{key: v})), schema, variant)
              for lab, v in zip(labels, values)}
-    rates, cpu = _wall_and_cpu_rates(steps, _batches(cfg), seconds, cfg.data.tasks_per_batch)
+    rates, cpu = _wall_and_cpu_rates(steps, _batches(cfg), T=cfg.data.tasks_per_batch, **_window(seconds, smoke))
     return {**{f"tasks_per_s_{lab}": rates[lab] for lab in labels},
             f"speedup_{labels[0]}_over_{labels[1]}": rates[labels[0]] / rates[labels[1]],
             **{f"tasks_per_cpu_s_{lab}": cpu[lab] for lab in labels},
@@ -169,7 +186,8 @@ class _InCalls:
         return self.last
 
 
-def measure_steps_per_call(cfg: Config, ks: Sequence[int] = (1, 4, 8), seconds: float = 12.0) -> Dict[str, float]:
+def measure_steps_per_call(cfg: Config, ks: Sequence[int] = (1, 4, 8), seconds: float = 12.0,
+                           smoke: bool = False) -> Dict[str, float]:
     """The default step in calls of ``k`` steps (``train.steps_per_call``), side by side in one
     process: ``tasks_per_s_k<k>`` and ``speedup_k<k>_over_k1`` (wall and CPU)."""
     schema = load_schema(cfg.data.path)
@@ -179,14 +197,18 @@ def measure_steps_per_call(cfg: Config, ks: Sequence[int] = (1, 4, 8), seconds: 
     for s in steps.values():  # trace every call length before the clock starts
         for b in batches[:s.k]:
             s.step(b)
-    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    rates, cpu = _wall_and_cpu_rates(steps, batches, T=cfg.data.tasks_per_batch, **_window(seconds, smoke))
     out = {f"tasks_per_s_k{k}": rates[f"k{k}"] for k in ks}
     out.update({f"speedup_k{k}_over_k1": rates[f"k{k}"] / rates["k1"] for k in ks if k != 1})
     out.update({f"cpu_speedup_k{k}_over_k1": cpu[f"k{k}"] / cpu["k1"] for k in ks if k != 1})
     return out
 
 
-def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: float = 16.0) -> Dict[str, Dict]:
+# 8 s (was 16): six steps interleaved, so 16 s was 96 s of make bench. The fused / per-table ratio
+# read here is per CPU second, and two runs of 16 s gave 1.09-1.10 at 14 tables and 1.13-1.18 at
+# 28 (README): the run-to-run spread, not the window, bounds it. 48 s saved.
+def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: float = 8.0,
+                     smoke: bool = False) -> Dict[str, Dict]:
     """Step time against the number of tables of one width: the data's features copied 1, 2, 4
     times (7, 14, 28 tables on the bench's data, ``bench/features.py``), each fused and per
     table, all six interleaved in one process. ``{tables: {tasks_per_s_fused, ..._per_table,
@@ -204,7 +226,7 @@ def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: fl
         for label, fuse in (("fused", True), ("per_table", False)):
             steps[(k, label)] = _step(replace(c, model=replace(c.model, fuse_tables=fuse)), schema, variant)
             batches[(k, label)] = _batches(c)
-    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, cfg.data.tasks_per_batch)
+    rates, cpu = _wall_and_cpu_rates(steps, batches, T=cfg.data.tasks_per_batch, **_window(seconds, smoke))
     return {str(tables[k]): {"tasks_per_s_fused": rates[(k, "fused")], "tasks_per_s_per_table": rates[(k, "per_table")],
                              "speedup_fused_over_per_table": rates[(k, "fused")] / rates[(k, "per_table")],
                              "tasks_per_s": rates[(k, "fused")],
@@ -239,7 +261,7 @@ def _hot_step(cfg: Config, schema, batches, in_program: bool, jit: bool = True):
     return step
 
 
-def measure_hot_in_program(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+def measure_hot_in_program(cfg: Config, seconds: float = 8.0, smoke: bool = False) -> Dict[str, float]:
     """One process, every id hot: the step with the hot rows, the dense optimizer and the hot
     rows' lazy optimizer inside the XLA program (``meta.hot_in_program``, ``compiled``) against
     the compiled step before it (``previous``: the dense math in XLA, every apply outside) and
@@ -248,16 +270,17 @@ def measure_hot_in_program(cfg: Config, seconds: float = 8.0) -> Dict[str, float
     schema, batches = load_schema(cfg.data.path), _batches(cfg)
     steps = {"compiled": _hot_step(cfg, schema, batches, True), "previous": _hot_step(cfg, schema, batches, False),
              "uncompiled": _hot_step(cfg, schema, batches, False, jit=False)}
-    return _side_by_side(steps, batches, seconds, cfg.data.tasks_per_batch,
+    return _side_by_side(steps, batches, _window(seconds, smoke), cfg.data.tasks_per_batch,
                          {"compiled_over_previous": ("compiled", "previous"),
                           "compiled_over_uncompiled": ("compiled", "uncompiled")})
 
 
-def _side_by_side(steps: Dict[str, object], batches, seconds: float, T: int,
+def _side_by_side(steps: Dict[str, object], batches, window: Dict[str, float], T: int,
                   pairs: Dict[str, Tuple[str, str]]) -> Dict[str, float]:
-    """``steps`` interleaved in one process: ``tasks_per_s_<step>`` each, and for each pair
-    ``name: (a, b)`` ``speedup_<name>`` (wall) and ``cpu_speedup_<name>`` (CPU), a over b."""
-    rates, cpu = _wall_and_cpu_rates(steps, batches, seconds, T)
+    """``steps`` interleaved in one process (``window``: ``_window``'s): ``tasks_per_s_<step>``
+    each, and for each pair ``name: (a, b)`` ``speedup_<name>`` (wall) and ``cpu_speedup_<name>``
+    (CPU), a over b."""
+    rates, cpu = _wall_and_cpu_rates(steps, batches, T=T, **window)
     out = {f"tasks_per_s_{k}": rates[k] for k in steps}
     for name, (a, b) in pairs.items():
         out[f"speedup_{name}"], out[f"cpu_speedup_{name}"] = rates[a] / rates[b], cpu[a] / cpu[b]
@@ -273,7 +296,7 @@ def _tf_call(step: TrainStep) -> TrainStep:
     return step
 
 
-def measure_flat_call(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
+def measure_flat_call(cfg: Config, seconds: float = 8.0, smoke: bool = False) -> Dict[str, float]:
     """The step's traced function called flat (``gmeta_tf/meta/flat_call.py``) against the
     ``tf.function`` call it replaces, the same steps side by side in one process: the default
     step, and every id hot in the XLA program (``meta.hot_in_program``, the step JAX is compared
@@ -283,7 +306,7 @@ def measure_flat_call(cfg: Config, seconds: float = 8.0) -> Dict[str, float]:
     steps = {"flat": _step(cfg, schema, variant), "tf_call": _tf_call(_step(cfg, schema, variant)),
              "in_program_flat": _hot_step(cfg, schema, batches, True),
              "in_program_tf_call": _tf_call(_hot_step(cfg, schema, batches, True))}
-    return _side_by_side(steps, batches, seconds, cfg.data.tasks_per_batch,
+    return _side_by_side(steps, batches, _window(seconds, smoke), cfg.data.tasks_per_batch,
                          {"flat_call": ("flat", "tf_call"),
                           "flat_call_in_program": ("in_program_flat", "in_program_tf_call")})
 

@@ -13,7 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Optional
 
-from bench.network_paths import HOT_BUDGET, measure_paths, measure_scale, profile_key, sweep_from_env
+from bench.network_paths import (
+    HOT_BUDGET,
+    UNSHAPED,
+    measure_paths,
+    measure_scale,
+    profile_key,
+    smoke_sweep,
+    sweep_from_env,
+)
 from bench.network_summary import scale_path, summarize, wait_point
 from launch.network.netns import EmulatedNetwork, list_namespaces
 from launch.network.probe import measure_rate
@@ -33,24 +41,31 @@ def emulation_check(rate: str = "100mbit", seconds: float = 3.0) -> Dict:
             "seconds": m.seconds, "namespaces_left": len(left)}
 
 
-def measure(work: Optional[Path] = None, log=print) -> Dict:
-    checks = {r: emulation_check(r) for r in RATES}
+# ``smoke`` (bench/run.py --smoke): the two ends of the sweep (unshaped, the slowest rate) with
+# the default and ``lean`` paths, then the scale runs: every step of the section on 6 short jobs
+SMOKE_POINTS, SMOKE_PATHS, SMOKE_CHECK_S = (UNSHAPED, "rate=5mbit"), ("default", "lean"), 0.5
+
+
+def measure(work: Optional[Path] = None, log=print, smoke: bool = False) -> Dict:
+    checks = {r: emulation_check(r, SMOKE_CHECK_S if smoke else 3.0) for r in RATES}
     worst = max(checks.values(), key=lambda c: abs(c["rate_error"]))
     out: Dict = {"emulation": {"rate_error": worst["rate_error"], "rate_error_wire": worst["rate_error_wire"],
                                "by_rate": checks}}
     if work is not None:
-        out.update(measure_paths_section(work, log))
+        out.update(measure_paths_section(work, log, smoke))
     return out
 
 
-def measure_paths_section(work: Path, log=print) -> Dict:
+def measure_paths_section(work: Path, log=print, smoke: bool = False) -> Dict:
     """The paths at each point (bench/network_paths.py), then the default and the best path with
     ``SCALE``'s workers at the point where the default first waits >= 50% of its step on the link
     (``wait_point``), then the headline keys (bench/network_summary.py)."""
     from bench.hot_split import _prepare, count_traffic
 
     sweep = sweep_from_env()
-    data = _prepare(work, 1.2)
+    if smoke:
+        sweep = smoke_sweep(sweep, SMOKE_POINTS, SMOKE_PATHS)
+    data = _prepare(work, 1.2, smoke)
     res = measure_paths(data, work, sweep, log=log)
     scale, label = None, ""
     point = wait_point(res)
@@ -62,11 +77,11 @@ def measure_paths_section(work: Path, log=print) -> Dict:
         best = scale_path(res[point])
         profile = next(p for p in sweep.points if profile_key(p) == point)
         scale = measure_scale(data, work, profile, {"default": sweep.paths["default"], best: sweep.paths[best]},
-                              workers, ps, log=log)
+                              workers, ps, log=log, window_steps=sweep.window_for(profile), log_every=sweep.log_every)
         label = f"{workers}w{ps}ps"
     out: Dict = dict(res)
     out.update(summarize(res, scale, label))
-    counted = count_traffic(data, HOT_BUDGET)
+    counted = count_traffic(data, HOT_BUDGET, batches=2) if smoke else count_traffic(data, HOT_BUDGET)
     out["ps_bytes_counted"] = {"default": counted["ps_bytes_per_step_off"],
                                "hot_split": counted["ps_bytes_per_step_on"]}
     return out

@@ -97,6 +97,12 @@ WAIT_BOUND = 0.5  # the point where the default waits at least this share of its
 SCALE = (4, 2)  # workers, PS of the two extra runs (default and the best path) at that point
 REPEATS = 1  # one pass over the sweep; 2 halves the noise (docs/network.md)
 FULL_ENV = "GMETA_BENCH_NETWORK"
+# 30 steps (was 60) at 5 Mbit/s, the sweep's slowest point (~220 ms a step on the default path):
+# there the step is the link's, not the CPU's (0.97 of the busiest link busy), and the 60-step
+# window gave 143 tasks/s where 120 steps gave 144 (docs/network.md, "The shorter window's
+# noise"), and a 15-step window (issue 53's smoke run) 144 again: half of it reads the same figure. Every path and the two 4-worker runs there:
+# ~45 s off make bench. Unshaped and at 100 Mbit/s a step is 35-60 ms: 60 steps stay (a few s).
+SLOW_WINDOWS: Dict[str, Tuple[int, int]] = {"rate=5mbit": (FIRST, FIRST + 30)}
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,24 @@ class Sweep:
     repeats: int = REPEATS
     scale: Optional[Tuple[int, int]] = SCALE
     window: Tuple[int, int] = (FIRST, STEPS)  # worker 0's steps that are counted
+    point_windows: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # a point's own window
+    log_every: int = LOG_EVERY  # worker 0's record is rewritten every this many steps
+
+    def window_for(self, profile: str) -> Tuple[int, int]:
+        return self.point_windows.get(profile, self.window)
+
+
+# ``smoke`` (bench/run.py --smoke): a 15-step window, records every 5 steps, one pass, and the
+# scale runs at 2 workers: the same jobs on emulated hosts and the same counting. (A 2-step
+# window with records every step ended its 6-step job before the 0.2 s poll saw both ends.)
+SMOKE_WINDOW, SMOKE_LOG_EVERY = (5, 20), 5
+
+
+def smoke_sweep(sweep: "Sweep", points: Optional[Sequence[str]] = None,
+                paths: Optional[Sequence[str]] = None) -> "Sweep":
+    """``sweep`` on smoke sizes, with only ``points`` and ``paths`` where named."""
+    return Sweep(tuple(points or sweep.points), {n: p for n, p in sweep.paths.items() if paths is None or n in paths},
+                 1, (2, 2) if sweep.scale else None, SMOKE_WINDOW, {}, SMOKE_LOG_EVERY)
 
 
 # The fast points again, for what one pass cannot tell (``python -m bench.run network_repeats``).
@@ -147,8 +171,8 @@ def sweep_from_env(env=os.environ) -> Sweep:
     """The default sweep, or ``GMETA_BENCH_NETWORK=full``'s (five rates, TFRA's per-table path
     and one table per feature too)."""
     if env.get(FULL_ENV, "") == "full":
-        return Sweep(FULL_POINTS, {**PATHS, **FULL_PATHS})
-    return Sweep(POINTS, dict(PATHS))
+        return Sweep(FULL_POINTS, {**PATHS, **FULL_PATHS}, point_windows=dict(SLOW_WINDOWS))
+    return Sweep(POINTS, dict(PATHS), point_windows=dict(SLOW_WINDOWS))
 
 
 def profile_key(profile: str) -> str:
@@ -220,9 +244,10 @@ class Window:
             self.done.set()
 
 
-def _entrypoint_args(data: str, out: Path, sets: Sequence[str], run_steps: int = RUN_STEPS) -> List[str]:
+def _entrypoint_args(data: str, out: Path, sets: Sequence[str], run_steps: int = RUN_STEPS,
+                     log_every: int = LOG_EVERY) -> List[str]:
     return ["--config", "configs/quickstart.yaml", "--data", data, "--out", str(out), "--steps", str(run_steps),
-            *[a for s in [f"data.tasks_per_batch={PER_WORKER_T}", f"train.log_every={LOG_EVERY}",
+            *[a for s in [f"data.tasks_per_batch={PER_WORKER_T}", f"train.log_every={log_every}",
                           f"train.checkpoint_every={run_steps * 10}", *sets] for a in ("--set", s)]]
 
 
@@ -238,9 +263,10 @@ def _point_sets(profile: str, sets: Sequence[str]) -> List[str]:
 
 
 def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s: float = 600,
-              workers: int = WORKERS, ps: int = PS, window_steps: Tuple[int, int] = (FIRST, STEPS)) -> Dict[str, float]:
+              workers: int = WORKERS, ps: int = PS, window_steps: Tuple[int, int] = (FIRST, STEPS),
+              log_every: int = LOG_EVERY) -> Dict[str, float]:
     """One job on emulated hosts: tasks/s and bytes per step over worker 0's measured window
-    (``window_steps``; the job runs ``2 * LOG_EVERY`` steps past its end)."""
+    (``window_steps``; the job runs ``2 * log_every`` steps past its end)."""
     sets = _point_sets(profile, sets)
     from launch.emulated_cluster import EmulatedCluster
     from launch.emulated_hosts import host_names
@@ -260,7 +286,8 @@ def run_point(data: str, out: Path, profile: str, sets: Sequence[str], timeout_s
         window.start()
         try:
             cluster.start_ps(ps)
-            code = cluster.train(workers, _entrypoint_args(data, out, sets, window_steps[1] + 2 * LOG_EVERY), timeout_s)
+            code = cluster.train(workers, _entrypoint_args(data, out, sets, window_steps[1] + 2 * log_every, log_every),
+                                 timeout_s)
             dead_ps = [c.name for c in cluster.ps_children() if c.proc.poll() is not None]
         finally:
             window.stop()
@@ -331,7 +358,8 @@ def measure_paths(data: str, work: Path, sweep: Optional[Sweep] = None, log=prin
         for profile in sweep.points:
             key = profile_key(profile)
             for name, sets in sweep.paths.items():
-                point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets, window_steps=sweep.window)
+                point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets,
+                                  window_steps=sweep.window_for(profile), log_every=sweep.log_every)
                 runs.setdefault(key, {}).setdefault(name, []).append(point)
                 log(f"[network] {key} {name}: {point['tasks_per_s']:.0f} tasks/s, "
                     f"busiest link {point['busiest_link_kb_per_step']:,.1f} kB/step, "
@@ -341,12 +369,13 @@ def measure_paths(data: str, work: Path, sweep: Optional[Sweep] = None, log=prin
 
 
 def measure_scale(data: str, work: Path, profile: str, paths: Dict[str, List[str]], workers: int, ps: int,
-                  log=print) -> Dict[str, Dict[str, float]]:
+                  log=print, window_steps: Tuple[int, int] = (FIRST, STEPS),
+                  log_every: int = LOG_EVERY) -> Dict[str, Dict[str, float]]:
     """``paths`` at one point with ``workers`` + ``ps`` hosts (one run each)."""
     out = {}
     for name, sets in paths.items():
         out[name] = p = run_point(data, work / f"net-{profile_key(profile)}-{workers}w{ps}ps-{name}", profile, sets,
-                                  workers=workers, ps=ps)
+                                  workers=workers, ps=ps, window_steps=window_steps, log_every=log_every)
         log(f"[network] {profile_key(profile)} {workers}w{ps}ps {name}: {p['tasks_per_s']:.0f} tasks/s, "
             f"busiest link {p['busiest_link_kb_per_step']:,.1f} kB/step, {p['wall_s']:.0f} s")
     return out

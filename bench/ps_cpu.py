@@ -17,7 +17,8 @@ from typing import Dict, Sequence
 SAMPLES_PER_STEP = 2 * 16 * 32
 
 
-def measure(data: str, copies: Sequence[int] = (1, 2, 4), log=print) -> Dict[str, Dict]:
+def measure(data: str, copies: Sequence[int] = (1, 2, 4), log=print, smoke: bool = False) -> Dict[str, Dict]:
+    """``smoke``: the data's tables once (both layouts), one warm-up step and two measured."""
     from gmeta_tf.calibration.calibrate import measure_configs, shard_json
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.plan.spec import Shard
@@ -25,7 +26,7 @@ def measure(data: str, copies: Sequence[int] = (1, 2, 4), log=print) -> Dict[str
 
     tables = tables_from_data(data, load_config("configs/quickstart.yaml", [f"data.path={data}"]))
     configs, keys = [], {}
-    for k in copies:
+    for k in (1,) if smoke else copies:
         shards = [Shard(f"{t.name}_{c}", "table", 0, 1, t.rows, t.dim, t.pooling, t.skew)
                   for c in range(k) for t in tables]
         for fuse in (True, False):
@@ -33,7 +34,7 @@ def measure(data: str, copies: Sequence[int] = (1, 2, 4), log=print) -> Dict[str
             configs.append({"dims": [s.dim for s in shards], "fuse": fuse, "variants": [
                 {"index": len(configs), "samples_per_step": SAMPLES_PER_STEP, "seed": k,
                  "shards": [shard_json(s) for s in shards]}]})
-    got = measure_configs(configs, warmup=2, steps=10, log=log)
+    got = measure_configs(configs, warmup=1 if smoke else 2, steps=2 if smoke else 10, log=log)
     out: Dict[str, Dict] = {}
     for i, (n, label) in keys.items():
         out.setdefault(n, {})[f"ps_cpu_ms_{label}"] = got[i]["ps_cpu_ms"]

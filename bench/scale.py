@@ -213,15 +213,18 @@ def plot(results: Dict[str, Dict[str, float]], path: Path) -> None:
 
 
 def measure_scale(rows_list: Sequence[int] = (1_000_000, 10_000_000), smoke: bool = False,
-                  figure: Optional[Path] = None, log=print) -> Dict[str, Dict[str, float]]:
+                  figure: Optional[Path] = None, log=print, previous: Optional[Dict] = None) -> Dict[str, Dict[str, float]]:
     """``{str(rows): {synth_peak_rss_mb, synth_rows_per_s, prepare_rows_per_s, prepare_peak_rss_mb,
     train_tasks_per_s, train_tasks_per_s_2w2ps, eval_users_per_s, eval_peak_rss_mb, ...},
-    "on_paper": on_paper(...)}``.
+    "on_paper": on_paper(...)}``; ``previous`` (an earlier result, e.g. 1M and 10M before the 100M
+    run on request): its sizes are kept beside the new ones, in the figure and in the result.
     ``smoke``: 20,000 rows and 10 steps, the figure under ``bench/out/scale`` (not ``scale.png``)."""
     rows_list = (SMOKE_ROWS,) if smoke else tuple(rows_list)
     steps = SMOKE_STEPS if smoke else STEPS
     work = WORK / "scale"
-    out: Dict = {str(r): measure_rows(int(r), work / f"rows-{r}", steps, log) for r in rows_list}
+    kept = {} if smoke else {k: v for k, v in (previous or {}).items() if k.isdigit()}
+    out: Dict = {**kept, **{str(r): measure_rows(int(r), work / f"rows-{r}", steps, log) for r in rows_list}}
+    out = dict(sorted(out.items(), key=lambda kv: int(kv[0])))
     plot(out, figure or (work / "scale-smoke.png" if smoke else FIGURE))
     out["on_paper"] = on_paper(out)  # 10^9 rows from the largest size measured (docs/scale.md)
     return out

@@ -35,7 +35,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Sequence
 
@@ -89,6 +89,11 @@ DATASETS = (
     Dataset("movielens", str(MOVIELENS / "config.yaml"), "fomaml", "mae", 150,
             ["data.tasks_per_batch=16", "train.eval_every=0", "train.early_stop_patience=0", "hot.min_count=2"]),
 )
+
+
+# ``smoke`` (bench/run.py --smoke): the synthetic set (MovieLens needs its download), ``exact``,
+# one option and one floor (every kind of row the summary writes), a few steps each
+SMOKE_DATASETS, SMOKE_RUNS, SMOKE_STEPS = ("synthetic",), ("exact", "bf16", REPEAT), 6
 
 
 def may_default(verdict: str) -> bool:
@@ -203,16 +208,18 @@ def pick(names: str | None) -> List[Dataset]:
     return [d for d in DATASETS if not wanted or d.name in wanted]
 
 
-def measure(work: Path, datasets: Sequence[Dataset] = DATASETS, log=print) -> Dict:
+def measure(work: Path, datasets: Sequence[Dataset] = DATASETS, log=print, smoke: bool = False) -> Dict:
     from bench.data import prepared_data
 
     boot = Bootstrap()  # 2000 resamples, 95%, seed 0: a rerun prints the same intervals
     results: Dict = {"split": SPLIT, "bootstrap": boot.to_json(), "hot_budget": BUDGET, "workers": 2, "ps": 2}
+    if smoke:
+        datasets = [replace(d, steps=SMOKE_STEPS) for d in datasets if d.name in SMOKE_DATASETS]
     for ds in datasets:
-        data = _with_profile(prepared_data()[0] if ds.name == "synthetic" else _prepare_movielens(work))
+        data = _with_profile(prepared_data(smoke=smoke)[0] if ds.name == "synthetic" else _prepare_movielens(work))
         scores: Dict[str, TaskScores] = {}
         seconds: Dict[str, float] = {}
-        for name in ("exact", *COMPARED, *FLOORS):
+        for name in SMOKE_RUNS if smoke else ("exact", *COMPARED, *FLOORS):
             run = work / "wire_quality" / ds.name / name
             seconds[name] = round(_train(ds, data, run, run_sets(name)), 1)
             scores[name] = _score(ds, run)

@@ -27,17 +27,19 @@ from typing import Callable, Dict
 RATE = "rate=100mbit"  # slow enough to show in wall time; fast enough for the sets' MBs per step
 
 
-def _settings():
-    from gmeta_tf.calibration.calibrate import Settings
+def _settings(smoke: bool = False):
+    from gmeta_tf.calibration.calibrate import QUICK, Settings
 
+    if smoke:  # bench/run.py --smoke: `gmeta plan calibrate --quick`'s sets, one measured step
+        return Settings(configs=QUICK.configs, variants=QUICK.variants, max_tables=QUICK.max_tables, warmup=1, steps=1)
     # the FULL settings' shapes, fewer of them: 8 sets of up to 8 tables, two variants each
     return Settings(configs=4, variants=2, max_tables=8, warmup=1, steps=3)
 
 
-def measure(log: Callable[[str], None] = print, rate: str = RATE, seed: int = 0) -> Dict:
+def measure(log: Callable[[str], None] = print, rate: str = RATE, seed: int = 0, smoke: bool = False) -> Dict:
     from gmeta_tf.calibration.calibrate import COST, measure_configs, random_configs
 
-    settings = _settings()
+    settings = _settings(smoke)
     configs, records = random_configs(settings, seed)
     loop = measure_configs(configs, settings.warmup, settings.steps, log)
     links = measure_configs(configs, settings.warmup, settings.steps, log, network=rate)
@@ -46,18 +48,18 @@ def measure(log: Callable[[str], None] = print, rate: str = RATE, seed: int = 0)
     wall = [links[i]["wall_ms"] / loop[i]["wall_ms"] for i in both]
     out = {"rate": rate, "sets": len(both), "cpu_ratio_median": statistics.median(cpu),
            "cpu_ratio_max": max(cpu, key=lambda r: abs(r - 1.0)), "wall_ratio_median": statistics.median(wall)}
-    out.update(_same_plan(records, {"loopback": loop, "emulated": links}, seed))
+    out.update(_same_plan(records, {"loopback": loop, "emulated": links}, seed, smoke))
     log(f"[calibrate on links] {len(both)} sets, {rate}: PS CPU {out['cpu_ratio_median']:.2f}x loopback's "
         f"(farthest {out['cpu_ratio_max']:.2f}x), wall {out['wall_ratio_median']:.2f}x; "
         f"same placement as the loopback fit's: {out['same_placement']}")
     return out
 
 
-def _same_plan(records, measured: Dict[str, Dict], seed: int) -> Dict:
+def _same_plan(records, measured: Dict[str, Dict], seed: int, smoke: bool = False) -> Dict:
     """A model fitted on each measurement of the same sets, the ``sharding_network`` tables planned
     with each (plus that section's link term): do the links change where the planner puts a table?
     (Both fitted on these few sets, so a difference is the links', not the set count's.)"""
-    from bench.data import WORK
+    from bench.data import work_dir
     from bench.hot_split import _prepare
     from bench.network_paths import PER_WORKER_T
     from bench.sharding.network import MEM_PER_PS, POINT, PS, WORKERS, ZIPF
@@ -72,7 +74,7 @@ def _same_plan(records, measured: Dict[str, Dict], seed: int) -> Dict:
     from launch.network.profile import parse_profile
 
     cfg = load_config("configs/quickstart.yaml", [f"data.tasks_per_batch={PER_WORKER_T}"])
-    tables = tables_from_data(_prepare(WORK / "sharding_network", ZIPF), cfg)
+    tables = tables_from_data(_prepare(work_dir(smoke) / "sharding_network", ZIPF, smoke), cfg)
     samples, slots = step_samples(cfg.data, WORKERS), optimizer_slots_for(cfg.train.embedding_optimizer)
     plans = {}
     for name, by_index in measured.items():

@@ -160,10 +160,11 @@ def summarize(arms: Dict[str, Arm], runs: Dict[str, List[Dict]]) -> Dict:
 
 
 def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKERS, ps: int = PS,
-            repeats: int = REPEATS, point: str = POINT) -> Dict:
-    """Plan, then train every arm ``repeats`` times on emulated hosts (module docstring)."""
+            repeats: int = REPEATS, point: str = POINT, smoke: bool = False) -> Dict:
+    """Plan, then train every arm ``repeats`` times on emulated hosts (module docstring);
+    ``smoke`` (bench/run.py --smoke): one pass, 2 workers, the network smoke's short window."""
     from bench.hot_split import _prepare
-    from bench.network_paths import PER_WORKER_T, run_point
+    from bench.network_paths import FIRST, LOG_EVERY, PER_WORKER_T, SMOKE_LOG_EVERY, SMOKE_WINDOW, STEPS, run_point
     from gmeta_tf.config.loader import load_config
     from gmeta_tf.config.schema import wire_dtype_for
     from gmeta_tf.embedding.wire import Wire
@@ -171,7 +172,10 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
     from gmeta_tf.plan.tables_from_data import tables_from_data
     from launch.network.profile import parse_profile
 
-    data = _prepare(work, ZIPF)
+    if smoke:
+        workers, repeats = 2, 1
+    window, log_every = (SMOKE_WINDOW, SMOKE_LOG_EVERY) if smoke else ((FIRST, STEPS), LOG_EVERY)
+    data = _prepare(work, ZIPF, smoke)
     cfg = load_config("configs/quickstart.yaml", [f"data.tasks_per_batch={PER_WORKER_T}"])
     rate = parse_profile(point).rate_bit_s
     samples = step_samples(cfg.data, workers)
@@ -186,7 +190,8 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
         for name in order(list(arms), rep):
             for attempt in range(1 + RETRIES):
                 try:
-                    r = run_point(data, work / f"shnet-{name}-{rep}", point, arms[name].sets(), workers=workers, ps=ps)
+                    r = run_point(data, work / f"shnet-{name}-{rep}", point, arms[name].sets(), workers=workers, ps=ps,
+                                  window_steps=window, log_every=log_every)
                     break
                 except RuntimeError as e:  # a start-up that failed (e.g. the Gloo rendezvous): once more
                     failures.append(f"pass {rep} {name}: {str(e).splitlines()[0]}")

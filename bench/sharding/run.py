@@ -34,14 +34,25 @@ def _improvement(costs: Dict[str, float]) -> Dict:
     return {"best_baseline": best, "improvement": 1.0 - costs["planner"] / costs[best]}
 
 
-def run(measure: bool = True, log: Callable[[str], None] = print, steps: int = 5, measure_all: bool = False) -> Dict:
+# ``smoke`` (bench/run.py --smoke): the measured task with the fewest tables, planned by every
+# algorithm and each plan's PS sets measured for one step: the same planning, measuring, scoring.
+SMOKE_STEPS = 1
+
+
+def _smoke_suite(suite):
+    return [min((t for t in suite if t.measured), key=lambda t: (len(t.tables), t.ps))]
+
+
+def run(measure: bool = True, log: Callable[[str], None] = print, steps: int = 5, measure_all: bool = False,
+        smoke: bool = False) -> Dict:
     """``measure_all``: measure *every* 2- and 4-PS task (24 tasks of up to 80 tables, about
     40 min on 2 cores) instead of the suite's fixed subset (6 tasks, about 5 min)."""
     from gmeta_tf.calibration.calibrate import COST, measure_sets
     from gmeta_tf.plan.planner import make_plan
 
     model = load_cost_model(None)
-    suite = tasks()
+    suite = _smoke_suite(tasks()) if smoke else tasks()
+    steps = SMOKE_STEPS if smoke else steps
     detail: Dict[str, Dict] = {}
     plans = {}
     plan_s = []
@@ -95,7 +106,7 @@ def run(measure: bool = True, log: Callable[[str], None] = print, steps: int = 5
                     sets.append((shards, task.samples_per_step))
                     where.append((task.name, algo, p))
         t0 = time.perf_counter()
-        records = measure_sets(sets, warmup=2, steps=steps, log=log)
+        records = measure_sets(sets, warmup=1 if smoke else 2, steps=steps, log=log)
         per_ps: Dict = {}
         for (name, algo, p), rec in zip(where, records):
             per_ps.setdefault((name, algo), {})[p] = rec

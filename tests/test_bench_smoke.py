@@ -1,0 +1,151 @@
+"""`make bench-smoke` inside `make test`: every bench section runs whole, on tiny sizes.
+
+`make bench` did not run whole for three rounds: the start-up section died on a TypeError in its
+rank hook (commit 5517848) and nothing ran that code between benches. ``python -m bench.run
+--smoke`` runs every section of ``bench/run.py``'s ``SECTIONS`` (the on-request ones too) with
+the same code and tiny sizes, so a section that no longer runs fails here, before it lands.
+
+The smoke's results go to this test's own directory (``--results``, ``GMETA_BENCH_SMOKE_WORK``):
+never ``bench/results.json``. The units below check the runner's own rules on a made-up section.
+
+What it costs (smoke runs on the 2-core box through ``tools/heavy``, load <= 4.5): the default
+sections ~13 min (meta 123 s, distributed 182, sharding 38, hot_split 72, startup 28, serve 21,
+export 1, delivery 20, faults 134, network 162), almost all of it process start-ups (~15 s a
+2-worker + 2-PS job, about 45 of them in all): the sizes are already a few steps. The
+on-request sections add ~5 min (network_repeats 99 s, hot_in_program_2w 77, wire_quality 61,
+sharding_network 79), none cheap, so this test runs the default sections and `make
+bench-smoke` all of them.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import run as bench_run
+
+REPO = Path(__file__).resolve().parents[1]
+# Sections that need network namespaces (root or CAP_NET_ADMIN): emulated hosts.
+NETNS_SECTIONS = ("network", "network_repeats", "hot_in_program_2w", "sharding_network")
+# What each section writes (dotted keys into the results), read after the smoke: a section
+# that "ran" but wrote nothing would pass the exit code alone.
+WRITES = {
+    "meta": ["meta_step.tasks_per_s_vectorized", "meta_step.speedup_compiled_over_previous",
+             "meta_step_flat_call.speedup_flat_call", "meta_step_newton.jit_speedup",
+             "meta_step_steps_per_call.speedup_k8_over_k1", "meta_step_fused.speedup_fused_over_per_table",
+             "meta_step_features.14.tasks_per_s", "meta_io.read_over_consume"],
+    "distributed": ["distributed.speedup_2w2ps_over_1proc", "distributed.ps_time_share",
+                    "distributed_fused.speedup_2w2ps_fused_over_per_ps", "ps_cpu_fused.7.ps_cpu_per_table_over_fused",
+                    "distributed_ps_requests.speedup_2w2ps_per_ps_over_per_table"],
+    "sharding": ["sharding.improvement_measured_mean", "sharding.cost_model_error_bench"],
+    "hot_split": ["hot_split.speedup_zipf_1_2", "hot_split.speedup_no_prefetch_zipf_1_2", "hot_split.local_share_zipf_1_2"],
+    "startup": ["startup.ratio_2w_over_1w", "startup.seconds_2w"],
+    "serve": ["serve.predict.c16.rps", "serve.batched_over_unbatched_rps_1row_c16", "serve.rss_mib_after"],
+    "export": ["export.static_over_tfra"],
+    "delivery": ["delivery.scratch_best"],
+    "faults": ["faults.worker_kill_recovery_s", "faults.ps_kill_recovery_s", "faults.preempt_exit_s",
+               "faults.elastic_worker_kill_recovery_s"],
+    "network": ["network.emulation.rate_error", "network.bridge.default.tasks_per_s", "network.lean_best.speedup",
+                "network.lean_4w.speedup"],
+    "network_repeats": ["network.repeats.unshaped_bf16_over_float32", "network.repeats.auto_over_lean.100mbit"],
+    "hot_in_program_2w": ["hot_in_program_2w.in_program_over_jit.median"],
+    "wire_quality": ["wire_quality.synthetic.bf16.diff", "wire_quality.synthetic.exact_repeat.diff"],
+    "sharding_network": ["sharding.network.improvement_measured_mean", "sharding.network.calibration.cpu_ratio_median"],
+}
+
+
+def _failures(out: str) -> str:
+    """Every traceback of the smoke's output (each failed section prints one) and its last lines:
+    a section's failure is far above the end of a quarter-hour's output."""
+    blocks = [b for b in out.split("Traceback (most recent call last):")[1:]]
+    tracebacks = ["Traceback" + b[:3000] for b in blocks]
+    return "\n".join([*tracebacks, "...", out[-3000:]])
+
+
+def _netns_missing():
+    from launch.network.netns import missing_privilege
+
+    return missing_privilege()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(1800)
+def test_every_bench_section_runs_whole_on_tiny_sizes(tmp_path):
+    sections = list(bench_run.default_sections())
+    if _netns_missing() is not None:  # CI runs as root; elsewhere the emulated hosts cannot exist
+        sections = [s for s in sections if s not in NETNS_SECTIONS]
+    results = tmp_path / "results.json"
+    real = bench_run.RESULTS.stat().st_mtime_ns if bench_run.RESULTS.is_file() else None
+    env = {**os.environ, "GMETA_BENCH_SMOKE_WORK": str(tmp_path / "work"), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-m", "bench.run", "--smoke", "--results", str(results), *sections],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1700)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, _failures(out)
+    got = json.loads(results.read_text())
+    walls = got["bench_section_wall_s"]
+    assert set(walls) == set(sections), walls
+    assert got["bench_sections"] == sections and got["bench_wall_s"] >= max(walls.values())
+    for section in sections:
+        for key in WRITES.get(section, []):
+            value = bench_run._get(got, key)
+            assert isinstance(value, (int, float)) and math.isfinite(value), f"{section}: {key} = {value!r}"
+    # its runs went where it was told, and the real run's file is as it was
+    assert (tmp_path / "work").is_dir()
+    assert (bench_run.RESULTS.stat().st_mtime_ns if bench_run.RESULTS.is_file() else None) == real
+
+
+# -- the runner's rules, on a made-up section (no TensorFlow model, no process) ---------------------
+@pytest.mark.fast
+def test_every_section_takes_the_smoke_flag():
+    for name, fn in bench_run.SECTIONS.items():
+        params = list(inspect.signature(fn).parameters)
+        assert params[:2] == ["results", "smoke"], f"bench section {name}: {params}"
+
+
+@pytest.mark.fast
+def test_the_smoke_runs_the_on_request_sections_too():
+    assert set(bench_run.smoke_sections()) == set(bench_run.SECTIONS)
+    assert set(bench_run.ON_REQUEST) <= set(bench_run.smoke_sections())
+    assert not set(bench_run.ON_REQUEST) & set(bench_run.default_sections())
+
+
+@pytest.mark.fast
+def test_a_smoke_run_never_writes_the_real_results(capsys):
+    names, smoke, path = bench_run._parse(["--smoke", "meta"])
+    assert (names, smoke, path) == (["meta"], True, bench_run.SMOKE_RESULTS)
+    assert bench_run.SMOKE_RESULTS != bench_run.RESULTS
+    assert bench_run.main(["--smoke", "--results", str(bench_run.RESULTS), "meta"]) == 2
+    assert "never writes" in capsys.readouterr().err
+
+
+@pytest.mark.fast
+def test_the_file_records_each_section_s_wall_time_and_the_run_s(tmp_path, monkeypatch):
+    seen = []
+
+    def quick(results, smoke):
+        seen.append(smoke)
+        results["quick"] = {"value": 1.0}
+
+    def broken(results, smoke):
+        raise TypeError("a section that no longer runs")
+
+    monkeypatch.setattr(bench_run, "SECTIONS", {"quick": quick, "broken": broken})
+    monkeypatch.setattr(bench_run, "ON_REQUEST", ())
+    path = tmp_path / "r.json"
+    # the smoke goes on past a failing section and names it
+    assert bench_run.run_sections(["broken", "quick"], {}, path, smoke=True) == ["broken"]
+    got = json.loads(path.read_text())
+    assert set(got["bench_section_wall_s"]) == {"broken", "quick"} and seen == [True]
+    assert got["bench_sections"] == ["broken", "quick"] and got["bench_wall_s"] >= 0
+    assert got["bench_default_wall_s"] == pytest.approx(sum(got["bench_section_wall_s"].values()), abs=0.11)
+    # the real run stops at the first failure, as before, the sections before it written
+    with pytest.raises(TypeError):
+        bench_run.run_sections(["quick", "broken"], {}, path)
+    assert json.loads(path.read_text())["quick"] == {"value": 1.0} and seen == [True, False]
