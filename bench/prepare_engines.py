@@ -14,11 +14,11 @@ says "polars not installed" otherwise).
 ``prepare --tasks N``: ``gmeta data synth --tasks N`` once, then ``gmeta data prepare`` with the
 quickstart config under ``prepare.engine=memory`` (the old engine) and ``duckdb`` (the new one).
 
-Run through the heavy lock, e.g.::
+Run alone (one heavy run at a time on a small box), e.g.::
 
-    /work/shared/tools/heavy python bench/prepare_engines.py engines --rows 2000000 \\
+    python bench/prepare_engines.py engines --rows 2000000 \\
         --polars-python /path/to/venv-with-polars/bin/python
-    /work/shared/tools/heavy python bench/prepare_engines.py prepare --tasks 15000 --tasks 150000
+    python bench/prepare_engines.py prepare --tasks 15000 --tasks 150000
 
 Measured once (2026-11-29, the 2-core box, duckdb 2.0.1, polars 2.1.0 in a side venv, highest
 load 4.35 while it ran):
