@@ -30,19 +30,13 @@ def data():
 @click.option("--day", default=0, show_default=True, type=click.IntRange(min=0),
               help="A later day of the same world (same seed): TASKS new users after every earlier day's events, "
                    "some item ids no earlier day had (for gmeta train --warm-start).")
-@click.option("--tasks-per-block", default=10_000, show_default=True, type=click.IntRange(min=1),
-              help="Users generated and held in memory at a time (bounds memory; the rows do not depend on it).")
-@click.option("--rows-per-file", default=100_000, show_default=True, type=click.IntRange(min=1),
-              help="Most rows per Parquet file (a file never spans two blocks).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @friendly_errors
-def synth_cmd(out, tasks, seed, kind, zipf, day, tasks_per_block, rows_per_file, overwrite):
-    """Write synthetic sample-level Parquet + columns.json to OUT, a block of users at a time."""
+def synth_cmd(out, tasks, seed, kind, zipf, day, overwrite):
+    """Write synthetic sample-level Parquet + columns.json to OUT."""
     from gmeta_tf.data.synth import format_summary, synth
 
-    summary = synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite, day=day,
-                    tasks_per_block=tasks_per_block, rows_per_file=rows_per_file, progress=True)
-    click.echo(format_summary(summary))
+    click.echo(format_summary(synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite, day=day)))
 
 
 def _csv_list(value):
