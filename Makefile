@@ -62,7 +62,8 @@ $(VENV)/.stamp-package: $(VENV)/.stamp-base setup.py
 # The full suite: unit and integration tiers, after the architecture contract. The soak tier
 # (20 seeded start-order runs, the kill -9 sequence over five launches) runs on its own.
 test: install lint-imports
-	$(PYTEST) -m "not soak and not image" tests
+	$(PYTEST) -m "not soak and not image and not alone" tests
+	$(PY) -m pytest -q -p no:xdist -m "alone and not soak and not image" tests
 
 test-soak: install
 	$(PY) -m pytest -q -m soak tests

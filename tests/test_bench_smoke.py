@@ -75,6 +75,7 @@ def _netns_missing():
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # ~45 cluster starts: run by itself after the parallel suite (make test)
 @pytest.mark.timeout(1800)
 def test_every_bench_section_runs_whole_on_tiny_sizes(tmp_path):
     sections = list(bench_run.default_sections())
