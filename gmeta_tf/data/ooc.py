@@ -120,7 +120,7 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
     nm = _Names(m)
     res = _Read()
     first_error: Optional[DataError] = None
-    writer: Optional[pq.ParquetWriter] = None
+    writer = _LazyWriter(spool, **SPOOL_OPTIONS)
     bar = tqdm(total=sum(s.num_rows for s in sources), unit=" rows", unit_scale=True, desc="prepare: read",
                file=sys.stderr, disable=None if progress else True, leave=False)
     try:
@@ -148,14 +148,10 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
                 if len(s) == 0:
                     continue
                 res.kept_rows += len(s)
-                t = _spool_batch(s, res.task_codes(s), base, m, nm)
-                if writer is None:
-                    writer = pq.ParquetWriter(spool, t.schema, **SPOOL_OPTIONS)
-                writer.write_table(t)
+                writer.write(_spool_batch(s, res.task_codes(s), base, m, nm))
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
+        writer.close()
     if first_error is not None:
         raise first_error
     res.sizes = res.sizes[: len(res.codes)]
@@ -167,7 +163,7 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
 
 def _rank(spool1: Path, spool2: Path, task_rank: np.ndarray, cfg: PrepareConfig) -> None:
     rng = np.random.default_rng([cfg.seed, 0xA11CE]) if cfg.split_by == "random" and cfg.part is None else None
-    writer = None
+    writer = _LazyWriter(spool2, **SPOOL_OPTIONS)
     try:
         for b in pq.ParquetFile(spool1).iter_batches(batch_size=FETCH_ROWS):
             rank = task_rank[b.column(0).to_numpy()]
@@ -178,15 +174,32 @@ def _rank(spool1: Path, spool2: Path, task_rank: np.ndarray, cfg: PrepareConfig)
                 t = t.append_column("k", pa.array(rng.random(int(keep.sum()))))
             elif cfg.split_by == "random":  # --part: a key of the row alone (parts.row_keys)
                 t = t.append_column("k", pa.array(parts.row_keys(t.column("r").to_numpy(), cfg.seed)))
-            if writer is None:
-                writer = pq.ParquetWriter(spool2, t.schema, **SPOOL_OPTIONS)
-            writer.write_table(t)
+            writer.write(t)
     finally:
-        if writer is not None:
-            writer.close()
+        writer.close()
 
 
 # ------------------------------------------------------------------------------------ helpers
+
+
+class _LazyWriter:
+    """A Parquet file written a table at a time, opened at the first one: the files here take
+    their schema from what the first batch turns out to hold (``schema``: None until then)."""
+
+    def __init__(self, path: Path, **options):
+        self.path, self.options = path, options
+        self.writer: Optional[pq.ParquetWriter] = None
+        self.schema: Optional[pa.Schema] = None
+
+    def write(self, table: pa.Table, **kw) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, table.schema, **self.options)
+            self.schema = table.schema
+        self.writer.write_table(table, **kw)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _norm_list(a) -> pa.ListArray:
@@ -359,7 +372,7 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
                               sel_off[c:d + 1] - sel_off[c], 0, d - c)
 
     info: Dict[str, Dict] = {}
-    w_writer = None
+    w_writer = _LazyWriter(written, **SPOOL_OPTIONS)
     empty: List[str] = []  # shards without tasks (only with --part): written once a schema is known
     schema = None
     try:
@@ -369,24 +382,18 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
             n_t = n_s = 0
             for shard, a, b in layout.shards[split]:
                 rel = f"{split}/{fmt.part_name(shard, shard_total)}"
-                writer = None
+                writer = _LazyWriter(tmp / rel)
                 try:
                     for c in range(a, b, cfg.rows_per_group):
                         d = min(c + cfg.rows_per_group, b)
                         t = rows.take(int(sel_off[d] - sel_off[c]))
                         train = c < n_train
                         s, table = chunk(t, c, d, train)
-                        if writer is None:
-                            writer = pq.ParquetWriter(tmp / rel, table.schema)
-                            schema = table.schema
-                        writer.write_table(table, row_group_size=cfg.rows_per_group)
-                        wb = _written_batch(s, m, nm, train)
-                        if w_writer is None:
-                            w_writer = pq.ParquetWriter(written, wb.schema, **SPOOL_OPTIONS)
-                        w_writer.write_table(wb)
+                        writer.write(table, row_group_size=cfg.rows_per_group)
+                        schema = schema or writer.schema
+                        w_writer.write(_written_batch(s, m, nm, train))
                 finally:
-                    if writer is not None:
-                        writer.close()
+                    writer.close()
                 if a == b:
                     empty.append(rel)
                 files.append(rel)
@@ -394,8 +401,7 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
                 n_s += int(sel_off[b] - sel_off[a])
             info[split] = {"tasks": n_t, "samples": n_s, "files": files}
     finally:
-        if w_writer is not None:
-            w_writer.close()
+        w_writer.close()
     for _ in reader:  # the query is finished only once read to its end
         pass
     reader.close()
