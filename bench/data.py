@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import List, Tuple
 
 BENCH_DIR = Path(__file__).resolve().parent
 WORK = BENCH_DIR / "out"
@@ -47,3 +48,8 @@ def prepared_data(tasks: int = 3000, shards: int = 0, smoke: bool = False):
     t2 = time.perf_counter()
     return str(prepared), {"rows": s["rows"], "synth_rows_per_s": s["rows"] / (t1 - t0),
                            "prepare_rows_per_s": s["rows"] / (t2 - t1)}
+
+
+def sizes_from_argv(argv: List[str], default: List[int]) -> Tuple[bool, List[int]]:
+    """A size bench's command line, ``[--smoke] [SIZE ...]``: (smoke, the sizes or ``default``)."""
+    return "--smoke" in argv, [int(a) for a in argv if a.isdigit()] or list(default)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from bench.data import BENCH_DIR, WORK
+from bench.data import BENCH_DIR, WORK, sizes_from_argv
 from gmeta_tf import exit_codes
 
 REPO = BENCH_DIR.parent
@@ -231,8 +231,7 @@ def measure_scale(rows_list: Sequence[int] = (1_000_000, 10_000_000), smoke: boo
 
 
 def main(argv: List[str]) -> int:
-    smoke = "--smoke" in argv
-    rows = [int(a) for a in argv if a.isdigit()] or [1_000_000, 10_000_000]
+    smoke, rows = sizes_from_argv(argv, [1_000_000, 10_000_000])
     print(json.dumps(measure_scale(rows, smoke=smoke), indent=1))
     return exit_codes.DONE.code
 

@@ -35,6 +35,7 @@ import sys
 import time
 from typing import Dict, List, Sequence
 
+from bench.data import sizes_from_argv
 from gmeta_tf import exit_codes
 
 BATCH = 200_000  # ids per upsert: 12.8 MB of dim-16 rows, one request to the PS
@@ -289,8 +290,7 @@ def main(argv: List[str]) -> int:
     if argv and argv[0] == "evict":
         print(json.dumps(evict(int(argv[1]))))
         return exit_codes.DONE.code
-    smoke = "--smoke" in argv
-    ids = [int(a) for a in argv if a.isdigit()] or [1_000_000, 10_000_000]
+    smoke, ids = sizes_from_argv(argv, [1_000_000, 10_000_000])
     print(json.dumps(measure_tables(ids, smoke=smoke), indent=1))
     return exit_codes.DONE.code
 
