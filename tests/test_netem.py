@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -182,6 +183,21 @@ def test_cut_blocks_then_restores_traffic():
             server.wait()
 
 
+def _clsact_counts(namespace: str, dev: str) -> tuple:
+    """(packets seen, packets dropped) by the clsact qdisc of ``dev``: the loss filter's own count."""
+    out = subprocess.run(["tc", "-s", "-n", namespace, "qdisc", "show", "dev", dev],
+                         capture_output=True, text=True, check=True).stdout
+    block = out[out.index("qdisc clsact"):]
+    m = re.search(r"Sent \d+ bytes (\d+) pkt \(dropped (\d+)", block)
+    return int(m.group(1)), int(m.group(2))
+
+
+def _backlog_drops() -> int:
+    """Packets this box's per-CPU input backlogs dropped (/proc/net/softnet_stat, 2nd column)."""
+    with open("/proc/net/softnet_stat") as f:
+        return sum(int(line.split()[1], 16) for line in f)
+
+
 @needs_netns
 @pytest.mark.integration
 def test_loss_drops_that_share_of_packets():
@@ -209,16 +225,25 @@ while True:  # counted to the sender's end marker, not to a pause: a loaded box 
     n += 1
 print(n, dropped)
 """
+    backlog_before = _backlog_drops()
     with EmulatedNetwork(["a", "b"], parse_profile("rate=100mbit")) as net:
         net.set_loss("a", 0.3)
         r = subprocess.Popen(net.exec_argv("b", [sys.executable, "-c", recv, net.address("b")]),
                              stdout=subprocess.PIPE, text=True)
         assert r.stdout.readline().strip() == "up"
         subprocess.run(net.exec_argv("a", [sys.executable, "-c", code, net.address("b")]), check=True, timeout=60)
-        # what the link delivered: received, plus what the receiver's full buffer dropped on a
-        # loaded box (the kernel caps SO_RCVBUF; the full suite lost ~6% there, not on the link)
         received, overflow = (int(x) for x in r.communicate(timeout=30)[0].split())
-        assert 0.65 <= (received + overflow) / 3000 <= 0.75, (received, overflow)  # 30% dropped at a's end; sd ~0.8%
+        # the loss is counted where it is made: the clsact qdisc holding the filter sees every
+        # packet a sends (3,060 plus ARP) and counts the ones the filter drops
+        seen, dropped = _clsact_counts(net.namespace("a"), "eth0")
+        assert 0.25 <= dropped / seen <= 0.35, (seen, dropped)  # 30%; sd ~0.8%
+        # and nothing else on the link: each packet the filter passed reached b's socket, or its
+        # full buffer (overflow), or this box's own input backlog when a loaded box stalled: CI's
+        # receiver once got 64.6% with no overflow, so a count at the receiver alone cannot tell
+        passed_x = 3000 * (seen - dropped) / seen
+        assert received + overflow <= passed_x + 30, (received, overflow, seen, dropped)
+        assert passed_x - (received + overflow) <= _backlog_drops() - backlog_before + 30, (
+            received, overflow, seen, dropped)
         net.set_loss("a", 0.0)
         assert "bpf" not in subprocess.run(["tc", "-n", net.namespace("a"), "filter", "show", "dev", "eth0",
                                             "egress"], capture_output=True, text=True).stdout
