@@ -1,8 +1,8 @@
 """``gmeta data combine``: parts of one prepare run → the data set one prepare would have written.
 
-The parts here are cut from a normal prepared directory by ``make_parts`` (shard s goes to part
-s % N, its own id counts and summary share; its feature statistics are deliberately wrong, so a
-combine that copied a part's statistics instead of recomputing them fails).
+The parts are real ``prepare --part I/3`` outputs of the log the whole prepare reads: each
+part's own statistics describe the part alone, so a combine that copied one part's statistics
+instead of merging them fails the comparison with the whole.
 """
 from __future__ import annotations
 
@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import List
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from gmeta_tf.cli.data_cmd import data
 from gmeta_tf.config.schema import PrepareConfig
-from gmeta_tf.data import target_encoding as te
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.combine import combine
 from gmeta_tf.errors import DataError
@@ -28,73 +26,30 @@ from gmeta_tf.errors import DataError
 N_PARTS, SHARDS = 3, 6
 
 
-def _part_id_counts(prepared: Path, files: List[str], schema: dict, out: Path) -> dict:
-    cols = fmt.table_id_columns(schema)
-    (out / te.ID_COUNTS_DIR).mkdir()
-    entries = {}
-    for name, (sup, qry) in cols.items():
-        t = [pq.read_table(prepared / f, columns=[sup, qry]) for f in files]
-        ids = np.concatenate([fmt.flat_ids(x[c].combine_chunks()) for x in t for c in (sup, qry)])
-        u, _, counts = te.count_ids(ids)
-        entries[name] = f"{te.ID_COUNTS_DIR}/{name}.npz"
-        np.savez(out / entries[name], ids=u, counts=counts)
-    return entries
-
-
-def _share(summary, i: int, n: int):
-    """Part i's share of the counts: integer parts that add up to the whole."""
-    if isinstance(summary, dict):
-        return {k: _share(v, i, n) for k, v in summary.items()}
-    return summary // n + (summary % n if i == 0 else 0)
-
-
-def make_parts(prepared: Path, root: Path, n: int) -> List[Path]:
-    """Part directories as ``prepare --part I/n`` writes them, cut from one prepared directory."""
-    schema = json.loads((prepared / fmt.SCHEMA_FILE).read_text())
-    dirs = []
-    for i in range(n):
-        d = root / f"part{i}"
-        part = json.loads(json.dumps(schema))
-        for split in fmt.SPLITS:
-            (d / split).mkdir(parents=True)
-            files = [f for k, f in enumerate(schema["splits"][split]["files"]) if k % n == i]
-            tables = []
-            for f in files:
-                shutil.copy2(prepared / f, d / f)
-                tables.append(pq.read_table(d / f, columns=[fmt.N_SUPPORT, fmt.N_QUERY]))
-            part["splits"][split] = {
-                "tasks": sum(t.num_rows for t in tables),
-                "samples": int(sum(np.sum(t[fmt.N_SUPPORT].to_numpy()) + np.sum(t[fmt.N_QUERY].to_numpy())
-                                   for t in tables)),
-                "files": files}
-        part["id_counts"] = _part_id_counts(prepared, part["splits"]["train"]["files"], schema, d)
-        part["summary"] = _share(schema["summary"], i, n)
-        part["part"] = {"index": i, "count": n}
-        for c in part["categorical"] + part["multi_hot"]:
-            c["cardinality"] = 1  # wrong on purpose: combine must recount
-        part["dense"] = [{"name": c["name"], "mean": 0.0, "std": 1.0} for c in part["dense"]]
-        part["label_stats"] = {"mean": 0.0, "std": 1.0, "min": 0.0, "max": 0.0}
-        part["table_stats"] = {}
-        (d / fmt.SCHEMA_FILE).write_text(json.dumps(part, indent=2))
-        dirs.append(d)
-    return dirs
-
-
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
+    """One prepare of the whole log (``--part 0/1``: the hash assignment the parts share), and the
+    same log prepared as N parts (``--part I/N``)."""
     from gmeta_tf.data.prepare import prepare
     from gmeta_tf.data.synth import synth
 
     root = tmp_path_factory.mktemp("combine")
     synth(str(root / "raw"), tasks=400, seed=3)
-    cfg = PrepareConfig(query=4, max_support=8, min_task_size=10, shards=SHARDS, seed=2)
-    prepare([str(root / "raw")], str(root / "whole"), cfg)
+    cfg = dict(query=4, max_support=8, min_task_size=10, shards=SHARDS, seed=2)
+    prepare([str(root / "raw")], str(root / "whole"), PrepareConfig(part="0/1", **cfg))
+    for i in range(N_PARTS):
+        prepare([str(root / "raw")], str(root / "parts" / f"part{i}"), PrepareConfig(part=f"{i}/{N_PARTS}", **cfg))
     return root / "whole"
 
 
 @pytest.fixture
 def parts(prepared, tmp_path) -> List[Path]:
-    return make_parts(prepared, tmp_path / "parts", N_PARTS)
+    """A fresh copy of the parts for each test (tests edit them)."""
+    dirs = []
+    for i in range(N_PARTS):
+        dirs.append(tmp_path / "parts" / f"part{i}")
+        shutil.copytree(prepared.parent / "parts" / f"part{i}", dirs[-1])
+    return dirs
 
 
 def _approx(a, b):
@@ -118,6 +73,7 @@ def test_combined_schema_is_the_whole_prepares(prepared, parts, tmp_path):
     whole = json.loads((prepared / fmt.SCHEMA_FILE).read_text())
     got = json.loads((out / fmt.SCHEMA_FILE).read_text())
     assert "part" not in got
+    del whole["part"]
     _approx(whole, got)  # every statistic, the splits, the summary, the id count files
     assert s["parts"] == N_PARTS and s["linked"] == 3 * SHARDS and s["copied"] == 0
     assert s["splits"] == {k: {"tasks": v["tasks"], "samples": v["samples"]} for k, v in whole["splits"].items()}
@@ -204,3 +160,25 @@ def test_cli_combine(parts, tmp_path):
     assert again.exit_code == 2 and again.output.startswith("error: ") and "already exists" in again.output
     bad = CliRunner().invoke(data, ["combine", str(parts[0]), "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "missing" in bad.output and "Traceback" not in bad.output
+
+
+def test_combine_reads_the_parts_schemas_not_their_shards(prepared, parts, tmp_path):
+    """Its cost is the distinct ids, not the samples: shards whose bytes are unreadable combine to
+    the same statistics (the old combine reread every shard's id, dense and label columns)."""
+    for p in parts:
+        for f in p.glob("*/part-*.parquet"):
+            f.write_bytes(b"not parquet")
+    out = tmp_path / "combined"
+    combine([str(p) for p in parts], str(out))
+    whole = json.loads((prepared / fmt.SCHEMA_FILE).read_text())
+    got = json.loads((out / fmt.SCHEMA_FILE).read_text())
+    for key in ("categorical", "multi_hot", "dense", "label_stats", "table_stats", "summary"):
+        _approx(whole[key], got[key])
+
+
+def test_a_part_without_its_distinct_ids_is_named(parts, tmp_path):
+    (parts[1] / fmt.PART_IDS_DIR / "item_id.npz").unlink()
+    with pytest.raises(DataError) as e:
+        combine([str(p) for p in parts], str(tmp_path / "c"))
+    assert str(parts[1] / fmt.PART_IDS_DIR / "item_id.npz") in str(e.value)
+    assert not (tmp_path / "c").exists()

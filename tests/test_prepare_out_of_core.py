@@ -211,7 +211,9 @@ def test_parts_add_up_to_the_one_machine_output(synth_small, tmp_path, split_by)
     parts = [json.loads((tmp_path / f"p{i}" / fmt.SCHEMA_FILE).read_text())["part"] for i in range(3)]
     for key in ("samples", "train_samples"):
         assert sum(p[key] for p in parts) == whole_schema["part"][key]
-    np.testing.assert_allclose(sum(p["label"]["sum"] for p in parts), whole_schema["part"]["label"]["sum"])
+    n = [p["train_samples"] for p in parts]
+    np.testing.assert_allclose(sum(k * p["label"]["mean"] for k, p in zip(n, parts)) / sum(n),
+                               whole_schema["part"]["label"]["mean"])
     for c in whole_schema["categorical"] + whole_schema["multi_hot"]:
         union = np.unique(np.concatenate([np.load(tmp_path / f"p{i}" / "part_ids" / f"{c['name']}.npz")["ids"]
                                           for i in range(3)]))

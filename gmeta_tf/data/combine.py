@@ -13,20 +13,20 @@ their definitions):
   order and ``hashed``, ``support_query``, ``folds``, the shard count in the file names): must be
   equal in every part, else a ``DataError`` names the part directory and the field;
 * ``splits``: files listed together, ``tasks`` and ``samples`` added (tasks are disjoint);
-* ``summary``: every count added (each part counts what it read and kept; if every part reports
-  the whole input's ``input_rows`` this sum overstates it -- ``summary`` is informational);
+* ``summary``: the counts of what each part kept added; the whole input's counts
+  (``task_format.WHOLE_INPUT_COUNTS``: every part read all of it) taken once;
 * ``id_counts/<col>.npz`` (train-split samples per id): ids united, counts added -- exact;
 * ``table_stats`` (``stats.access_stats``): recomputed from the combined id counts (rows =
   distinct ids, lookups = their sum, skew from the counts) -- exact; left out when a part has
   no id counts (``gmeta data stats`` recomputes it);
 * ``cardinality`` (distinct ids over *all* splits): distinct sets overlap between parts, so it
-  cannot be added and the train-only id counts do not cover valid/test: recomputed from the
-  shard files' id columns, one file at a time (memory: one file plus the distinct ids);
-* multi-hot ``pooling`` / ``max_len``, dense ``mean`` / ``std`` and ``label_stats``: recomputed
-  in the same pass from counts, means and sums of squared deviations merged file by file (train
-  split for dense and label, as ``prepare``). Combining the parts' own mean/std would be exact
-  too except for a column that is constant within a part: ``stats`` writes its std as 1.0,
-  which cannot be told from a real 1.0;
+  cannot be added: the parts' ``part_ids/<feature>.npz`` united (memory: the distinct ids);
+* multi-hot ``pooling`` / ``max_len``, dense ``mean`` / ``std`` and ``label_stats``: from the
+  parts' ``part`` entries -- id and sample counts added, (n, mean, m2) merged by Chan et al.'s
+  update (train split for dense and label, as ``prepare``).
+
+So combine reads the parts' schemas and id files, never a shard: its cost is the distinct ids,
+not the samples, whatever the size of the log the N machines prepared.
 * ``target_encoding``: refused. Each part fitted its tables on its own train tasks and wrote the
   features into its shards, so the shards would disagree with any combined table; prepare a
   target-encoded data set in one piece.
@@ -37,12 +37,11 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from gmeta_tf.data import stats
 from gmeta_tf.data import target_encoding as te
@@ -148,6 +147,8 @@ def _shards(parts: Sequence[Part], split: str) -> List[Tuple[int, Part, str]]:
 
 def _place(src: Path, dst: Path) -> bool:
     """Hard-link ``src`` to ``dst`` (True), or copy it where links are impossible (False)."""
+    if not src.is_file():
+        raise DataError(f"{src}: shard file missing (listed in {src.parent.parent / fmt.SCHEMA_FILE})")
     try:
         os.link(src, dst)
         return True
@@ -156,101 +157,62 @@ def _place(src: Path, dst: Path) -> bool:
         return False
 
 
-class _Moments:
-    """Count, mean and sum of squared deviations per column, merged a file at a time (Chan et
-    al.'s pairwise update: the sums-of-squares combination without its cancellation)."""
-
-    def __init__(self):
-        self.n, self.mean, self.m2 = 0, 0.0, 0.0
-
-    def add(self, x: np.ndarray) -> None:
-        if not x.shape[0]:
-            return
-        n_b, mean_b = x.shape[0], x.mean(axis=0)
-        m2_b = np.square(x - mean_b).sum(axis=0)
-        n = self.n + n_b
-        delta = mean_b - self.mean
-        self.mean = self.mean + delta * (n_b / n)
-        self.m2 = self.m2 + m2_b + np.square(delta) * (self.n * n_b / n)
-        self.n = n
-
-    def stats(self, j: int) -> Tuple[float, float]:
-        """``(mean, std)`` of column j as ``stats`` writes them (empty: 0, 1; constant: std 1.0)."""
-        if not self.n:
-            return 0.0, 1.0
-        sd = float(np.sqrt(np.atleast_1d(self.m2)[j] / self.n))
-        return float(np.atleast_1d(self.mean)[j]), sd if sd > 1e-12 else 1.0
+def _merge_moments(entries: Sequence[Dict], counts: Sequence[int]) -> Tuple[float, float]:
+    """``(mean, std)`` of parts' ``(n, mean, m2)`` (Chan et al.: m2 = Σ m2ᵢ + Σ nᵢ (meanᵢ − mean)²),
+    as ``prepare`` writes them: empty 0 and 1, constant std 1.0 (``stats.safe_std_value``)."""
+    n = sum(counts)
+    if not n:
+        return 0.0, 1.0
+    mean = sum(c * e["mean"] for e, c in zip(entries, counts)) / n
+    m2 = sum(e["m2"] + c * (e["mean"] - mean) ** 2 for e, c in zip(entries, counts))
+    return float(mean), stats.safe_std_value(np.sqrt(m2 / n))
 
 
-@dataclass
-class _Scan:
-    """Running totals over the shard files: what the statistics that cannot be added need."""
-
-    distinct: Dict[str, List[np.ndarray]] = field(default_factory=dict)
-    multi_ids: Dict[str, int] = field(default_factory=dict)
-    max_len: Dict[str, int] = field(default_factory=dict)
-    samples: int = 0
-    dense: _Moments = field(default_factory=_Moments)  # train split, as prepare
-    label: _Moments = field(default_factory=_Moments)
-    label_range: Tuple[float, float] = (np.inf, -np.inf)
-
-    def add_ids(self, name: str, ids: np.ndarray) -> None:
-        buf = self.distinct.setdefault(name, [])
-        buf.append(np.unique(ids))
-        if sum(b.size for b in buf) > 4_000_000:  # fold the buffer: memory stays ~ distinct ids
-            self.distinct[name] = [np.unique(np.concatenate(buf))]
-
-    def cardinality(self, name: str) -> int:
-        return int(np.unique(np.concatenate(self.distinct.get(name) or [np.zeros(0, np.int64)])).size)
+def _cardinality(parts: Sequence[Part], name: str) -> int:
+    ids = []
+    for p in parts:
+        path = p.path / fmt.PART_IDS_DIR / f"{name}.npz"
+        try:
+            with np.load(path) as z:
+                ids.append(z["ids"])
+        except (OSError, KeyError, ValueError) as e:
+            raise DataError(f"{path}: cannot read the part's distinct ids: {str(e).splitlines()[0]}; "
+                            f"is '{p.path}' written by 'gmeta data prepare --part'?") from None
+    return int(np.unique(np.concatenate(ids)).size)
 
 
-def _scan_file(scan: _Scan, path: Path, schema: dict, train: bool) -> None:
-    cats = [c["name"] for c in schema["categorical"]]
-    multis = [c["name"] for c in schema["multi_hot"]]
-    cols = [fmt.N_SUPPORT, fmt.N_QUERY] + [fmt.cat_col(w, c) for w in fmt.SETS for c in cats]
-    cols += [fmt.multi_col(w, c) for w in fmt.SETS for c in multis]
-    if train:
-        cols += [f(w) for w in fmt.SETS for f in (fmt.label_col, fmt.dense_col)]
+def _feature_stats(parts: Sequence[Part]) -> Dict:
+    """Every statistic that cannot be added, from the parts' ``part`` entries and distinct ids."""
+    schema, entries = parts[0].schema, [p.schema["part"] for p in parts]
     try:
-        t = pq.read_table(path, columns=cols)
-    except (OSError, KeyError, ValueError) as e:
-        raise DataError(f"{path}: cannot read the shard's columns: {str(e).splitlines()[0]}") from None
-    scan.samples += int(np.sum(t[fmt.N_SUPPORT].to_numpy()) + np.sum(t[fmt.N_QUERY].to_numpy()))
-    for c in cats:
-        scan.add_ids(c, np.concatenate([fmt.flat_ids(t[fmt.cat_col(w, c)].combine_chunks()) for w in fmt.SETS]))
-    for c in multis:
-        per_sample = [t[fmt.multi_col(w, c)].combine_chunks().flatten() for w in fmt.SETS]
-        lens = np.concatenate([np.diff(s.offsets.to_numpy()) for s in per_sample])
-        scan.multi_ids[c] = scan.multi_ids.get(c, 0) + int(lens.sum())
-        scan.max_len[c] = max(scan.max_len.get(c, 0), int(lens.max()) if lens.size else 0)
-        scan.add_ids(c, np.concatenate([fmt.flat_ids(s) for s in per_sample]))
-    if train:
-        _scan_train(scan, t, len(schema["dense"]))
-
-
-def _scan_train(scan: _Scan, t, n_dense: int) -> None:
-    y = np.concatenate([t[fmt.label_col(w)].combine_chunks().flatten().to_numpy(zero_copy_only=False)
-                        for w in fmt.SETS]).astype(np.float64)
-    scan.label.add(y[:, None])
-    if y.size:
-        scan.label_range = (min(scan.label_range[0], float(y.min())), max(scan.label_range[1], float(y.max())))
-    x = np.concatenate([t[fmt.dense_col(w)].combine_chunks().flatten().flatten().to_numpy(zero_copy_only=False)
-                        for w in fmt.SETS]).astype(np.float64)
-    scan.dense.add(x.reshape(-1, n_dense))
-
-
-def _feature_stats(schema: dict, scan: _Scan) -> Dict:
-    dense = [scan.dense.stats(j) for j in range(len(schema["dense"]))]
-    label_mean, label_std = scan.label.stats(0)
-    lo, hi = scan.label_range if scan.label.n else (0.0, 0.0)
+        n_train = [int(e["train_samples"]) for e in entries]
+        samples = sum(int(e["samples"]) for e in entries)
+        dense = [_merge_moments([e["dense"][j] for e in entries], n_train) for j in range(len(schema["dense"]))]
+        label = _merge_moments([e["label"] for e in entries], n_train)
+        ranges = [(e["label"]["min"], e["label"]["max"]) for e in entries if e["label"]["min"] is not None]
+        multi = {c["name"]: [e["multi_hot"][k] for e in entries] for k, c in enumerate(schema["multi_hot"])}
+    except (KeyError, IndexError, TypeError) as e:
+        raise DataError(f"field 'part' of a part's {fmt.SCHEMA_FILE} lacks {e}: prepared by another version? "
+                        f"prepare the parts again with 'gmeta data prepare --part'") from None
+    lo, hi = (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else (0.0, 0.0)
     return {
-        "categorical": [dict(c, cardinality=scan.cardinality(c["name"])) for c in schema["categorical"]],
-        "multi_hot": [dict(c, cardinality=scan.cardinality(c["name"]),
-                           pooling=scan.multi_ids.get(c["name"], 0) / scan.samples if scan.samples else 0.0,
-                           max_len=scan.max_len.get(c["name"], 0)) for c in schema["multi_hot"]],
+        "categorical": [dict(c, cardinality=_cardinality(parts, c["name"])) for c in schema["categorical"]],
+        "multi_hot": [dict(c, cardinality=_cardinality(parts, c["name"]),
+                           pooling=sum(m["ids"] for m in multi[c["name"]]) / samples if samples else 0.0,
+                           max_len=max(m["max_len"] for m in multi[c["name"]]))
+                      for c in schema["multi_hot"]],
         "dense": [{"name": e["name"], "mean": m, "std": sd} for e, (m, sd) in zip(schema["dense"], dense)],
-        "label_stats": {"mean": label_mean, "std": label_std, "min": lo, "max": hi},
+        "label_stats": {"mean": label[0], "std": label[1], "min": float(lo), "max": float(hi)},
     }
+
+
+def _summary(parts: Sequence[Part]) -> Dict:
+    """What each part kept, added; the whole input's counts, once."""
+    summary = parts[0].schema.get("summary") or {}
+    for p in parts[1:]:
+        summary = _add(summary, p.schema.get("summary") or {})
+    return {**summary, **{k: v for k, v in (parts[0].schema.get("summary") or {}).items()
+                          if k in fmt.WHOLE_INPUT_COUNTS}}
 
 
 def _add(a, b):
@@ -287,7 +249,7 @@ def _merge_id_counts(parts: Sequence[Part], tmp: Path) -> Tuple[Dict[str, str], 
     return files, tables
 
 
-def _write_splits(parts: Sequence[Part], tmp: Path, scan: _Scan) -> Tuple[Dict, int, int]:
+def _write_splits(parts: Sequence[Part], tmp: Path) -> Tuple[Dict, int, int]:
     splits, linked, copied = {}, 0, 0
     for split in fmt.SPLITS:
         (tmp / split).mkdir()
@@ -298,7 +260,6 @@ def _write_splits(parts: Sequence[Part], tmp: Path, scan: _Scan) -> Tuple[Dict, 
                 linked += 1
             else:
                 copied += 1
-            _scan_file(scan, tmp / name, parts[0].schema, split == "train")
             files.append(name)
         splits[split] = {"tasks": sum(int(p.schema["splits"][split]["tasks"]) for p in parts),
                          "samples": sum(int(p.schema["splits"][split]["samples"]) for p in parts),
@@ -318,15 +279,11 @@ def combine(part_dirs: Sequence[str], out: str, overwrite: bool = False) -> Dict
     for p in parts:
         if out_p.resolve() == p.path.resolve() or out_p.resolve() in p.path.resolve().parents:
             raise DataError(f"--out {out} would replace part directory {p.path}; choose another --out")
-    scan = _Scan()
     with atomic_dir(out_p, overwrite) as tmp:
-        splits, linked, copied = _write_splits(parts, tmp, scan)
+        splits, linked, copied = _write_splits(parts, tmp)
         id_files, table_stats = _merge_id_counts(parts, tmp)
-        summary = parts[0].schema.get("summary") or {}
-        for p in parts[1:]:
-            summary = _add(summary, p.schema.get("summary") or {})
         schema = {k: v for k, v in parts[0].schema.items() if k not in ("part", "table_stats", "id_counts")}
-        schema.update(_feature_stats(parts[0].schema, scan), splits=splits, summary=summary, target_encoding=[])
+        schema.update(_feature_stats(parts), splits=splits, summary=_summary(parts), target_encoding=[])
         if id_files:
             schema.update(id_counts=id_files, table_stats=table_stats)
         (tmp / fmt.SCHEMA_FILE).write_text(json.dumps(schema, indent=2) + "\n")

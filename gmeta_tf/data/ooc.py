@@ -55,7 +55,7 @@ FETCH_ROWS = 1 << 16
 # Spool files are written once and read once or twice, on the same disk: plain encoding writes
 # fastest (dictionary pages and compression cost more CPU than the bytes they save here).
 SPOOL_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False}
-PART_IDS_DIR = "part_ids"  # --part only (task_format: part)
+PART_IDS_DIR = fmt.PART_IDS_DIR  # --part only (task_format: part)
 
 
 def _sql_str(path: Path) -> str:
@@ -487,24 +487,31 @@ def _statistics(con, written: Path, tmp: Path, work: Path, m: Mapping, m_out: Ma
             "table_stats": table_stats, "id_counts": id_counts, "additive": additive}
 
 
+def _moments(row, j: int, n: int) -> Dict:
+    """``mean`` and ``m2`` (the sum of squared deviations) of one column from ``avg, var_pop``:
+    merged over parts by Chan et al.'s update (``combine``), exact where sums of squares cancel."""
+    mean, var = row[2 * j], row[2 * j + 1]
+    return {"mean": float(mean) if n else 0.0, "m2": float(var) * n if n and var is not None else 0.0}
+
+
 def _additive(con, w: str, m: Mapping, m_out: Mapping, nm: _Names, n_train: int) -> Dict:
-    """Sums that add over parts (``task_format``: ``part``), so that merged parts' means, stds and
-    pooling can be recomputed exactly: a mean is not additive, a sum and a count are."""
-    moments = ", ".join([f"sum(d{j}::DOUBLE), sum(d{j}::DOUBLE * d{j}::DOUBLE)" for j in range(len(m_out.dense))]
-                        + ["sum(y::DOUBLE), sum(y::DOUBLE * y::DOUBLE), min(y::DOUBLE), max(y::DOUBLE)"])
-    row = _one(con, f"SELECT {moments} FROM {w} WHERE tr")
-    dense = [{"name": n, "sum": float(row[2 * j] or 0.0), "sumsq": float(row[2 * j + 1] or 0.0)}
-             for j, n in enumerate(m_out.dense)]
-    y = row[2 * len(m_out.dense):]
+    """What merges over parts (``task_format``: ``part``), so that ``combine`` recomputes the
+    merged means, stds and pooling from the parts' schemas alone, never rereading a shard: counts
+    and sums add, and (n, mean, m2) triples merge exactly."""
+    cols = [f"d{j}::DOUBLE" for j in range(len(m_out.dense))] + ["y::DOUBLE"]
+    row = _one(con, "SELECT " + ", ".join(f"avg({c}), var_pop({c})" for c in cols)
+               + ", min(y::DOUBLE), max(y::DOUBLE) FROM " + f"{w} WHERE tr")
+    dense = [{"name": n, **_moments(row, j, n_train)} for j, n in enumerate(m_out.dense)]
+    lo, hi = row[-2:]
     multi = []
     for c in m.multi_hot:
         k = nm.multi[c]
         total, n, longest = _one(con, f"SELECT sum(len({k})), count(*), max(len({k})) FROM {w}")
         multi.append({"name": c, "ids": int(total or 0), "samples": int(n), "max_len": int(longest or 0)})
     return {"train_samples": n_train, "samples": int(_one(con, f"SELECT count(*) FROM {w}")[0]),
-            "dense": dense, "label": {"sum": float(y[0] or 0.0), "sumsq": float(y[1] or 0.0),
-                                      "min": None if y[2] is None else float(y[2]),
-                                      "max": None if y[3] is None else float(y[3])},
+            "dense": dense, "label": {**_moments(row, len(m_out.dense), n_train),
+                                      "min": None if lo is None else float(lo),
+                                      "max": None if hi is None else float(hi)},
             "multi_hot": multi}
 
 

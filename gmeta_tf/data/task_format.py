@@ -73,15 +73,16 @@ says how to merge (``gmeta data combine``)::
 
      "part": {"index": I, "count": N,
               "samples": <written samples, all splits>, "train_samples": <of the train split>,
-              "dense": [{"name", "sum", "sumsq"}],            # train split, float64, schema order
-              "label": {"sum", "sumsq", "min", "max"},        # train split (min/max null: none)
+              "dense": [{"name", "mean", "m2"}],              # train split, float64, schema order
+              "label": {"mean", "m2", "min", "max"},          # train split (min/max null: none)
               "multi_hot": [{"name", "ids", "samples", "max_len"}]}   # all splits: ids = sum of lengths
 
-Additive over parts (sum them, or min/max): everything in ``part``, ``splits.*.tasks`` /
+Additive over parts (sum them, or min/max; ``mean`` and ``m2``, the sum of squared deviations
+from the mean over ``train_samples``, merge by Chan et al.'s update): everything in ``part``, ``splits.*.tasks`` /
 ``samples`` / ``files`` (concatenate), ``summary.tasks_kept`` / ``samples_truncated``, the
 ``id_counts`` tables (add counts per id) and ``part_ids/<feature>.npz`` (``ids``: the distinct ids
 of the part's written samples, all splits; union them for ``cardinality``). From these the merged
-``dense`` / ``label_stats`` mean and std (population: ``sqrt(sumsq/n - mean²)``), ``pooling``,
+``dense`` / ``label_stats`` mean and std (population: ``sqrt(m2/n)``), ``pooling``,
 ``max_len``, ``cardinality`` and ``table_stats`` (from the merged id counts) follow. The same in
 every part (take one): ``summary.input_rows``, ``tasks_in``, ``dropped`` and ``rows_skipped``
 (the whole input's), and the roles. Each part's own ``categorical`` / ``multi_hot`` /
@@ -101,6 +102,9 @@ from gmeta_tf.errors import DataError
 
 FORMAT_VERSION = 1
 SCHEMA_FILE = "schema.json"
+PART_IDS_DIR = "part_ids"  # a part's distinct ids per feature, all splits (``part`` above)
+# ``summary`` counts of the whole input, the same in every part (``part`` above): taken once
+WHOLE_INPUT_COUNTS = ("input_rows", "tasks_in", "dropped", "rows_skipped")
 COLUMNS_SIDECAR = "columns.json"  # written by ``gmeta data synth`` next to its Parquet files
 SPLITS = ("train", "valid", "test")
 PAD_ID = -1
