@@ -94,14 +94,28 @@ def _summary(run: Path) -> float:
     return float(json.loads((run / "train_summary.json").read_text())["aggregate_tasks_per_s"])
 
 
-def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print) -> Dict[str, float]:
-    """One size: the five commands on ``rows`` rows of synthetic data under ``work`` (deleted after)."""
+def _train_sets(steps: int) -> List[str]:
+    return ["--no-resume", "--steps", str(steps), "--set", f"train.log_every={steps}",
+            "--set", f"train.checkpoint_every={steps}", "--set", "train.eval_every=0"]
+
+
+def epoch_steps(prepared: Path) -> int:
+    """Steps of one pass over the prepared train split's tasks, at the config's meta-batch."""
+    from gmeta_tf.config.loader import load_config
+
+    schema = json.loads((prepared / "schema.json").read_text())
+    return max(1, math.ceil(int(schema["splits"]["train"]["tasks"]) / load_config(REPO / CONFIG).data.tasks_per_batch))
+
+
+def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print, epoch: bool = False) -> Dict[str, float]:
+    """One size: the five commands on ``rows`` rows of synthetic data under ``work`` (deleted after).
+    ``epoch``: the one-process run trains one epoch of the train split instead of ``steps`` (the
+    end-to-end run of docs/scale.md: synth → prepare → one epoch → eval, ``end_to_end_wall_s``)."""
     work.mkdir(parents=True, exist_ok=True)
     timeout = 900 + rows / 1_000  # the lead's 10M-row run on a loaded 2-core box
     raw, prep, run1, run2 = work / "raw", work / "prepared", work / "run-1proc", work / "run-2w2ps"
     tasks = max(1, round(rows / ROWS_PER_TASK))
-    train_sets = ["--no-resume", "--steps", str(steps), "--set", f"train.log_every={steps}",
-                  "--set", f"train.checkpoint_every={steps}", "--set", "train.eval_every=0"]
+    train_sets = _train_sets(steps)
     try:
         synth = timed(gmeta("data", "synth", "--out", str(raw), "--tasks", str(tasks), "--overwrite"),
                       work / "synth.log", timeout)
@@ -111,8 +125,9 @@ def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print) -> Dict[s
                               "--overwrite"), work / "prepare.log", timeout)
         shutil.rmtree(raw)  # not read again: the biggest intermediate goes first
         log(f"[scale] {rows:,}: prepare in {prepare['wall_s']:.1f} s")
-        train = timed(gmeta("train", "--config", CONFIG, "--data", str(prep), "--out", str(run1), *train_sets),
-                      work / "train.log", timeout)
+        one_steps = epoch_steps(prep) if epoch else steps
+        train = timed(gmeta("train", "--config", CONFIG, "--data", str(prep), "--out", str(run1),
+                            *_train_sets(one_steps)), work / "train.log", timeout)
         dist = timed(gmeta("launch", "local", "--workers", "2", "--ps", "2", "--timeout", str(timeout),
                            "--config", CONFIG, "--data", str(prep), "--out", str(run2), *train_sets,
                            "--set", "data.tasks_per_batch=16"), work / "launch.log", timeout)
@@ -120,7 +135,7 @@ def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print) -> Dict[s
         ev = timed(gmeta("eval", "--run", str(run1)), work / "eval.log", timeout)
         users = int(json.loads((run1 / "eval.json").read_text())["tasks"])
         return {
-            "rows": n, "tasks": tasks, "steps": steps,
+            "rows": n, "tasks": tasks, "steps": steps, "train_steps": one_steps,
             "synth_peak_rss_mb": synth["peak_rss_mb"], "synth_rows_per_s": n / synth["wall_s"],
             "prepare_rows_per_s": n / prepare["wall_s"], "prepare_peak_rss_mb": prepare["peak_rss_mb"],
             "train_tasks_per_s": _summary(run1), "train_tasks_per_s_2w2ps": _summary(run2),
@@ -130,6 +145,8 @@ def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print) -> Dict[s
             "synth_us_per_row": synth["wall_s"] / n * 1e6, "prepare_us_per_row": prepare["wall_s"] / n * 1e6,
             "eval_ms_per_user": ev["wall_s"] / users * 1e3,
             "synth_wall_s": synth["wall_s"], "prepare_wall_s": prepare["wall_s"], "eval_wall_s": ev["wall_s"],
+            **({"end_to_end_wall_s": synth["wall_s"] + prepare["wall_s"] + train["wall_s"] + ev["wall_s"]}
+               if epoch else {}),
         }
     finally:
         for path in (raw, prep, run1, run2):  # gigabytes at 10M rows; the logs stay
@@ -213,17 +230,19 @@ def plot(results: Dict[str, Dict[str, float]], path: Path) -> None:
 
 
 def measure_scale(rows_list: Sequence[int] = (1_000_000, 10_000_000), smoke: bool = False,
-                  figure: Optional[Path] = None, log=print, previous: Optional[Dict] = None) -> Dict[str, Dict[str, float]]:
+                  figure: Optional[Path] = None, log=print, previous: Optional[Dict] = None,
+                  epoch: bool = False) -> Dict[str, Dict[str, float]]:
     """``{str(rows): {synth_peak_rss_mb, synth_rows_per_s, prepare_rows_per_s, prepare_peak_rss_mb,
     train_tasks_per_s, train_tasks_per_s_2w2ps, eval_users_per_s, eval_peak_rss_mb, ...},
     "on_paper": on_paper(...)}``; ``previous`` (an earlier result, e.g. 1M and 10M before the 100M
     run on request): its sizes are kept beside the new ones, in the figure and in the result.
-    ``smoke``: 20,000 rows and 10 steps, the figure under ``bench/out/scale`` (not ``scale.png``)."""
+    ``smoke``: 20,000 rows and 10 steps, the figure under ``bench/out/scale`` (not ``scale.png``);
+    ``epoch``: the one-process run trains one epoch (``measure_rows``)."""
     rows_list = (SMOKE_ROWS,) if smoke else tuple(rows_list)
     steps = SMOKE_STEPS if smoke else STEPS
     work = WORK / "scale"
     kept = {} if smoke else {k: v for k, v in (previous or {}).items() if k.isdigit()}
-    out: Dict = {**kept, **{str(r): measure_rows(int(r), work / f"rows-{r}", steps, log) for r in rows_list}}
+    out: Dict = {**kept, **{str(r): measure_rows(int(r), work / f"rows-{r}", steps, log, epoch) for r in rows_list}}
     out = dict(sorted(out.items(), key=lambda kv: int(kv[0])))
     plot(out, figure or (work / "scale-smoke.png" if smoke else FIGURE))
     out["on_paper"] = on_paper(out)  # 10^9 rows from the largest size measured (docs/scale.md)
