@@ -21,11 +21,11 @@ from bench.ps_rpcs import APPLY_SCOPES, top_scope
 STEPS = 120
 JOBS = ((2, 2), (2, 1))  # workers, PS of the launched rows
 # ``smoke`` (bench/run.py --smoke): every kind of job of the section, a few steps each, on the
-# fewest processes that run its code: one launched row (2 workers + 1 PS, whose figure stands for
-# both rows), the PS-share job on 1 PS, the A/B variants 1 worker + 1 PS each. A cluster start is
-# ~4 s of CPU a process on 2 cores: processes, not steps, are what the smoke's minutes are made of.
+# fewest processes that run its code, 1 worker + 1 PS each: one launched row (whose figure stands
+# for both rows), the PS-share job, the A/B variants. A process's start is ~6 s of CPU (its
+# TensorFlow import) on this 2-core box: processes, not steps, are what the smoke's minutes are.
 SMOKE_STEPS = 4
-SMOKE_JOBS, SMOKE_SHARE_PS, SMOKE_AB = ((2, 1),), 1, (1, 1)
+SMOKE_JOBS, SMOKE_SHARE, SMOKE_AB = ((1, 1),), (1, 1), (1, 1)
 RPC_KEYS = ("ps_rpcs_per_step", "ps_component_calls_per_step", "ps_lookup_transfers_per_step",
             "ps_apply_transfers_per_step", "ps_control_transfers_per_step")
 
@@ -62,8 +62,9 @@ def measure(data: str, work: Path, log=print, sets: Sequence[str] = (), smoke: b
     cluster = LocalCluster(log=quiet)
     share_file = work / "ps_share.json"
     try:
-        cluster.start_ps(SMOKE_SHARE_PS if smoke else 2)
-        code = cluster.run_workers(2, [sys.executable, "-m", "bench.distributed", "worker", data,
+        share_workers, share_ps = SMOKE_SHARE if smoke else (2, 2)
+        cluster.start_ps(share_ps)
+        code = cluster.run_workers(share_workers, [sys.executable, "-m", "bench.distributed", "worker", data,
                                        str(share_file), "--ps", ",".join(cluster.ps_addresses),
                                        *[a for s in sets for a in ("--set", s)],
                                        *(["--timed", str(SMOKE_TIMED)] if smoke else [])], timeout_s=900)
