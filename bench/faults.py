@@ -71,11 +71,11 @@ class Sizes:
 
 
 # ``smoke`` (bench/run.py --smoke): every fault and recovery of the section on a short job
-# (40 steps: the job is still running, tens of steps from its end, when the fault is sent), on
+# (24 steps: the job is still running, 18 steps from its end, when the fault is sent), on
 # 2 workers + 1 PS, and the PS kill and the preemption on 1 worker + 1 PS (the worker kills need
 # a rank 1): the same faults, recoveries and readings on the fewest processes, which are what the
 # smoke's time is.
-SMOKE = Sizes(steps=40, checkpoint_every=4, log_every=2, ps=1)
+SMOKE = Sizes(steps=24, checkpoint_every=4, log_every=2, ps=1)
 SMOKE_ONE_WORKER = replace(SMOKE, workers=1, ps=1)
 
 
