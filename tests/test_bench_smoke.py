@@ -15,9 +15,9 @@ more), almost all of it process start-ups (a TensorFlow import is ~6 s of CPU a 
 issue 53 cut processes, not code: a sweep's loop runs one configuration, side-by-side duplicates
 run once, jobs run on 1 worker + 1 PS wherever the section's code does not need more, and the
 sections run two at a time (bench/smoke_lanes.py). Every section, the on-request ones included,
-ran in 6 min 50 s (410 s; network 119, faults 92, meta 81, sharding_network 78, distributed 59,
-network_repeats 54, hot_split 50, hot_in_program_2w 46, sharding 41, the rest under 31 each),
-so this test runs them all, as `make bench-smoke` does.
+ran in 6 min 43 s (403 s, 2026-11-29; network 130, faults 98, sharding_network 93, distributed
+82, meta 66, hot_split 53, network_repeats 50, hot_in_program_2w 47, the rest under 37 each; 731
+CPU s on 2 cores: the box is full), so this test runs them all, as `make bench-smoke` does.
 """
 from __future__ import annotations
 
