@@ -19,8 +19,13 @@ from typing import Dict, List, Sequence
 from bench.ps_rpcs import APPLY_SCOPES, top_scope
 
 STEPS = 120
-# ``smoke`` (bench/run.py --smoke): every job of the section, a few steps each, the same launches
+JOBS = ((2, 2), (2, 1))  # workers, PS of the launched rows
+# ``smoke`` (bench/run.py --smoke): every kind of job of the section, a few steps each, on the
+# fewest processes that run its code, 1 worker + 1 PS each: one launched row (whose figure stands
+# for both rows), the PS-share job, the A/B variants. A process's start is ~6 s of CPU (its
+# TensorFlow import) on this 2-core box: processes, not steps, are what the smoke's minutes are.
 SMOKE_STEPS = 4
+SMOKE_JOBS, SMOKE_SHARE, SMOKE_AB = ((1, 1),), (1, 1), (1, 1)
 RPC_KEYS = ("ps_rpcs_per_step", "ps_component_calls_per_step", "ps_lookup_transfers_per_step",
             "ps_apply_transfers_per_step", "ps_control_transfers_per_step")
 
@@ -47,16 +52,19 @@ def measure(data: str, work: Path, log=print, sets: Sequence[str] = (), smoke: b
     single = work / "dist-1proc"
     cli.main(["train", *_train_argv(data, single, 32, sets, steps)], standalone_mode=False)
     rates = {"tasks_per_s_1proc": _aggregate(single)}
-    for workers, ps in ((2, 2), (2, 1)):
+    for workers, ps in SMOKE_JOBS if smoke else JOBS:
         out = work / f"dist-{workers}w{ps}ps"
         launch_local(workers, ps, _train_argv(data, out, 16, sets, steps), log=quiet, timeout_s=900)
         rates[f"tasks_per_s_{workers}w{ps}ps"] = _aggregate(out)
+    for workers, ps in JOBS:  # the smoke's one row stands for the others (its figures mean nothing)
+        rates.setdefault(f"tasks_per_s_{workers}w{ps}ps", rates[f"tasks_per_s_{SMOKE_JOBS[0][0]}w{SMOKE_JOBS[0][1]}ps"])
     # PS round-trip share, inside rank 0 of a 2-worker, 2-PS job.
     cluster = LocalCluster(log=quiet)
     share_file = work / "ps_share.json"
     try:
-        cluster.start_ps(2)
-        code = cluster.run_workers(2, [sys.executable, "-m", "bench.distributed", "worker", data,
+        share_workers, share_ps = SMOKE_SHARE if smoke else (2, 2)
+        cluster.start_ps(share_ps)
+        code = cluster.run_workers(share_workers, [sys.executable, "-m", "bench.distributed", "worker", data,
                                        str(share_file), "--ps", ",".join(cluster.ps_addresses),
                                        *[a for s in sets for a in ("--set", s)],
                                        *(["--timed", str(SMOKE_TIMED)] if smoke else [])], timeout_s=900)
@@ -82,12 +90,14 @@ def measure_ab(data: str, work: Path, variants: Dict[str, Sequence[str]], rounds
     """Aggregate tasks/s of ``workers`` x ``ps`` ``gmeta launch local`` runs of each variant
     (name -> ``--set`` overrides), alternating (A, B, A, B: outside load hits both alike), the
     median over ``rounds``: ``tasks_per_s_<name>`` each and every run's figure. ``smoke``: one
-    round of ``SMOKE_STEPS``."""
+    round of ``SMOKE_STEPS`` on ``SMOKE_AB``'s processes."""
     import statistics
 
     from launch.supervisor import launch_local
 
     got: Dict[str, List[float]] = {v: [] for v in variants}
+    if smoke:
+        workers, ps = SMOKE_AB
     for r in range(1 if smoke else rounds):
         for name, sets in variants.items():
             out = work / f"ab-{name}-{r}"

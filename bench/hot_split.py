@@ -49,8 +49,10 @@ REPEATS = 2
 # says; Zipf 1.2's target row (>= 1.5) keeps both. Two 2w2ps jobs (~70 s) off make bench.
 REPEATS_BY_EXPONENT = {1.05: 1}
 # ``smoke`` (bench/run.py --smoke): the one exponent whose loop also runs the attribution jobs,
-# each job once, a few steps, a small data set.
+# each job once, a few steps, a small data set, on 1 worker + 1 PS (the same launches and
+# reading; processes, not steps, are what the smoke's minutes are made of).
 SMOKE_TASKS, SMOKE_STEPS, SMOKE_WINDOW = 300, 6, 2
+HOSTS, SMOKE_HOSTS = (2, 2), (1, 1)  # workers, PS of every job
 
 
 def _key(z: float) -> str:
@@ -130,6 +132,7 @@ def measure(work: Path, log=print, smoke: bool = False) -> Dict[str, float]:
     from launch.supervisor import launch_local
 
     quiet = lambda m: None  # noqa: E731
+    hosts = SMOKE_HOSTS if smoke else HOSTS
     out: Dict[str, float] = {"budget": BUDGET, "steps": SMOKE_STEPS if smoke else STEPS,
                              "tasks": SMOKE_TASKS if smoke else TASKS, "per_worker_T": PER_WORKER_T,
                              "repeats": {_key(z): REPEATS_BY_EXPONENT.get(z, REPEATS) for z in EXPONENTS}}
@@ -142,7 +145,7 @@ def measure(work: Path, log=print, smoke: bool = False) -> Dict[str, float]:
         for rep in range(1 if smoke else REPEATS_BY_EXPONENT.get(z, REPEATS)):
             for label, budget in (("off", 0), ("on", BUDGET)):
                 run = work / f"hot-zipf-{k}-{label}-{rep}"
-                launch_local(2, 2, _train_argv(data, run, budget, smoke), log=quiet, timeout_s=600)
+                launch_local(*hosts, _train_argv(data, run, budget, smoke), log=quiet, timeout_s=600)
                 runs[label].append(_rates(run))
         rates = {label: {"best": max(r["best"] for r in rs), "mean": float(np.mean([r["mean"] for r in rs]))}
                  for label, rs in runs.items()}
@@ -154,13 +157,13 @@ def measure(work: Path, log=print, smoke: bool = False) -> Dict[str, float]:
             partial.mkdir(exist_ok=True)
             write_profile(partial, profile_ids(data, sample=0.999), {"sample": 0.999})
             run = work / f"hot-zipf-{k}-on-partial"
-            launch_local(2, 2, _train_argv(data, run, BUDGET, smoke) + ["--set", f"hot.profile={partial / 'id_profile.npz'}"],
+            launch_local(*hosts, _train_argv(data, run, BUDGET, smoke) + ["--set", f"hot.profile={partial / 'id_profile.npz'}"],
                          log=quiet, timeout_s=600)
             out[f"speedup_no_local_only_zipf_{k}"] = _rates(run)["best"] / rates["off"]["best"]
             # Attribution: the same split with the cold rows on TFRA's shadow path (no read-ahead
             # / write-behind, hot/prefetch.py).
             run = work / f"hot-zipf-{k}-on-no-prefetch"
-            launch_local(2, 2, _train_argv(data, run, BUDGET, smoke) + ["--set", "hot.prefetch=false"], log=quiet,
+            launch_local(*hosts, _train_argv(data, run, BUDGET, smoke) + ["--set", "hot.prefetch=false"], log=quiet,
                          timeout_s=600)
             out[f"speedup_no_prefetch_zipf_{k}"] = _rates(run)["best"] / rates["off"]["best"]
         traffic = count_traffic(data, BUDGET, batches=2 if smoke else COUNT_BATCHES)

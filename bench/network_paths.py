@@ -115,22 +115,26 @@ class Sweep:
     window: Tuple[int, int] = (FIRST, STEPS)  # worker 0's steps that are counted
     point_windows: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # a point's own window
     log_every: int = LOG_EVERY  # worker 0's record is rewritten every this many steps
+    workers: int = WORKERS  # hosts of each path's job (the scale runs have their own)
+    ps: int = PS
 
     def window_for(self, profile: str) -> Tuple[int, int]:
         return self.point_windows.get(profile, self.window)
 
 
-# ``smoke`` (bench/run.py --smoke): a 15-step window, records every 5 steps, one pass, and the
-# scale runs at 2 workers: the same jobs on emulated hosts and the same counting. (A 2-step
+# ``smoke`` (bench/run.py --smoke): a 15-step window, records every 5 steps, one pass, each path
+# on 1 worker + 1 PS and the scale runs on 2 workers + 1 PS: the same jobs on emulated hosts and
+# the same counting, on the fewest processes (a process's start is most of a smoke job). (A 2-step
 # window with records every step ended its 6-step job before the 0.2 s poll saw both ends.)
 SMOKE_WINDOW, SMOKE_LOG_EVERY = (5, 20), 5
+SMOKE_HOSTS, SMOKE_SCALE = (1, 1), (2, 1)
 
 
 def smoke_sweep(sweep: "Sweep", points: Optional[Sequence[str]] = None,
                 paths: Optional[Sequence[str]] = None) -> "Sweep":
     """``sweep`` on smoke sizes, with only ``points`` and ``paths`` where named."""
     return Sweep(tuple(points or sweep.points), {n: p for n, p in sweep.paths.items() if paths is None or n in paths},
-                 1, (2, 2) if sweep.scale else None, SMOKE_WINDOW, {}, SMOKE_LOG_EVERY)
+                 1, SMOKE_SCALE if sweep.scale else None, SMOKE_WINDOW, {}, SMOKE_LOG_EVERY, *SMOKE_HOSTS)
 
 
 # The fast points again, for what one pass cannot tell (``python -m bench.run network_repeats``).
@@ -358,8 +362,8 @@ def measure_paths(data: str, work: Path, sweep: Optional[Sweep] = None, log=prin
         for profile in sweep.points:
             key = profile_key(profile)
             for name, sets in sweep.paths.items():
-                point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets,
-                                  window_steps=sweep.window_for(profile), log_every=sweep.log_every)
+                point = run_point(data, work / f"net-{key}-{name}-{rep}", profile, sets, workers=sweep.workers,
+                                  ps=sweep.ps, window_steps=sweep.window_for(profile), log_every=sweep.log_every)
                 runs.setdefault(key, {}).setdefault(name, []).append(point)
                 log(f"[network] {key} {name}: {point['tasks_per_s']:.0f} tasks/s, "
                     f"busiest link {point['busiest_link_kb_per_step']:,.1f} kB/step, "

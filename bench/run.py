@@ -12,7 +12,10 @@ minutes).
 ``python -m bench.run --smoke [SECTION ...]`` (``make bench-smoke``, tests/test_bench_smoke.py)
 runs every section (on-request ones included) on tiny sizes into ``bench/out/smoke/results.json``
 (``--results PATH`` elsewhere; never ``bench/results.json``): the same code, so a section that
-no longer runs is caught before it lands.
+no longer runs is caught before it lands. Its sections run two at a time (bench/smoke_lanes.py;
+``--serial``: one after another in one process); each section's smoke runs every code path of it
+once, on the fewest processes and configurations that do (a sweep's loop once, side-by-side
+duplicates once), each shrink said where it is made.
 
 Each benchmark owns one section of the JSON object; later benchmarks (distributed, sharding,
 hot/cold split) add their own sections through ``SECTIONS``. Ratios are measured side by side
@@ -25,6 +28,7 @@ import resource
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List
 
@@ -44,6 +48,9 @@ JIT_ROWS = {"meta_step_inner_steps_3": ["meta.inner_steps=3"],
 # The smoke's meta step: 4 tasks a batch, so the per-task loops (the unrolled one is T copies of
 # the task's graph) trace in seconds; the step's code is the same at any T.
 SMOKE_META_SETS = ["data.tasks_per_batch=4"]
+# The smoke traces one of JIT_ROWS' configs (the others' are loaded, not traced: measure_jit is
+# the same code for each), the steps_per_call sweep's ends, the features copied twice only.
+SMOKE_JIT_ROW, SMOKE_KS, SMOKE_COPIES = "meta_step_newton", (1, 8), (2,)
 
 
 def bench_meta(results: Dict, smoke: bool = False) -> None:
@@ -71,22 +78,32 @@ def bench_meta(results: Dict, smoke: bool = False) -> None:
     # The traced step called flat (meta/flat_call.py) against the tf.function call, side by side.
     results["meta_step_flat_call"] = measure_flat_call(cfg, smoke=smoke)
     # The dense math compiled by XLA or not, side by side, where the compiled program differs most.
+    # The smoke: every row's config loaded (a renamed key fails it), one row measured: the same code.
     for section, row_sets in JIT_ROWS.items():
-        results[section] = measure_jit(load_config("configs/quickstart.yaml", [*sets, *row_sets]), smoke=smoke)
+        row_cfg = load_config("configs/quickstart.yaml", [*sets, *row_sets])
+        if not smoke or section == SMOKE_JIT_ROW:
+            results[section] = measure_jit(row_cfg, smoke=smoke)
     # train.steps_per_call: k steps per compiled call against one (the default is chosen from this).
-    results["meta_step_steps_per_call"] = measure_steps_per_call(cfg, smoke=smoke)
+    results["meta_step_steps_per_call"] = measure_steps_per_call(cfg, ks=SMOKE_KS if smoke else (1, 4, 8), smoke=smoke)
     # model.init_rows: initial rows for the missing ids only, or TFRA's draw for every id.
-    results["meta_step_init_rows"] = measure_model_key(cfg, "init_rows", ["missing", "all"], smoke=smoke)
     # model.ps_requests: one request per PS for all tables, or TFRA's per-table ops (one process).
-    results["meta_step_ps_requests"] = measure_model_key(cfg, "ps_requests", ["per_ps", "per_table"], smoke=smoke)
+    # The smoke measures one model key (fuse_tables, below: the same function) and only checks
+    # that these two keys still take their values.
+    for section, key, values in (("meta_step_init_rows", "init_rows", ["missing", "all"]),
+                                 ("meta_step_ps_requests", "ps_requests", ["per_ps", "per_table"])):
+        if smoke:
+            for v in values:
+                replace(cfg.model, **{key: v})  # an unknown key is a TypeError, a section broken
+        else:
+            results[section] = measure_model_key(cfg, key, values)
     # model.fuse_tables: the 7 tables as one fused TFRA table, or one each (one process). 8 s (was
     # 16): two 16-s runs gave 1.02 and 0.95 (per CPU second 1.04, 1.01; README): the spread between
     # runs, not the window, bounds it, and meta_step_features asks the same question at 7 tables.
     results["meta_step_fused"] = measure_model_key(cfg, "fuse_tables", [True, False], seconds=8.0,
                                                    labels=["fused", "per_table"], smoke=smoke)
     # The same step with 7, 14, 28 tables of one width (the features copied), fused and per table;
-    # the smoke copies them twice only (14 tables: the same widening code, a quarter of the data).
-    results["meta_step_features"] = measure_features(cfg, copies=(1, 2) if smoke else (1, 2, 4), smoke=smoke)
+    # the smoke copies them twice only (14 tables: the same widening code, half the steps).
+    results["meta_step_features"] = measure_features(cfg, copies=SMOKE_COPIES if smoke else (1, 2, 4), smoke=smoke)
     io = measure_read_rate(data, cfg.data, seconds=0.2 if smoke else 5.0)
     results["meta_io"] = {
         "read_tasks_per_s": io["tasks_per_s"],
@@ -116,8 +133,14 @@ def bench_distributed(results: Dict, smoke: bool = False) -> None:
     results["ps_cpu_fused"] = ps_cpu(data, smoke=smoke)
     # model.ps_requests: the default (one request per PS, the tables being on PS, fused) against
     # TFRA's own per-table path (one TFRA table per feature), the same row again in this run.
-    per_table = measure(data, work / "per_table", sets=["model.ps_requests=per_table", "model.fuse_tables=false"],
-                        smoke=smoke)
+    per_table_sets = ["model.ps_requests=per_table", "model.fuse_tables=false"]
+    if smoke:  # the same measure() as the row above on other sets: the sets loaded, dist's jobs reused
+        from gmeta_tf.config.loader import load_config
+
+        load_config("configs/quickstart.yaml", per_table_sets)
+        per_table = dist
+    else:
+        per_table = measure(data, work / "per_table", sets=per_table_sets)
     results["distributed_ps_requests"] = {
         **{f"{k}_per_table": per_table[k] for k in COMPARED},
         "speedup_2w2ps_per_ps_over_per_table": dist["tasks_per_s_2w2ps"] / per_table["tasks_per_s_2w2ps"],
@@ -133,11 +156,12 @@ def bench_hot_split(results: Dict, smoke: bool = False) -> None:
 
 
 def bench_startup(results: Dict, smoke: bool = False) -> None:
-    from bench.startup import SMOKE_WORKERS, WORKERS, measure
+    from bench.startup import PS, SMOKE_PS, SMOKE_WORKERS, WORKERS, measure
 
     # every rank reads its own shards: one per worker at 8 workers
     data, _ = _prepared_data(shards=8, smoke=smoke)
-    results["startup"] = measure(data, work_dir(smoke), SMOKE_WORKERS if smoke else WORKERS)
+    results["startup"] = measure(data, work_dir(smoke), SMOKE_WORKERS if smoke else WORKERS,
+                                 ps=SMOKE_PS if smoke else PS)
 
 
 def bench_serve(results: Dict, smoke: bool = False) -> None:
@@ -248,10 +272,15 @@ def bench_scale(results: Dict, smoke: bool = False) -> None:
 
 
 def bench_scale_100m(results: Dict, smoke: bool = False) -> None:
-    from bench.scale import measure_scale
+    from bench.scale import SMOKE_ROWS, measure_scale
 
     # on request: the 100M-row point joins the 1M and 10M ones (scale.100000000.*, the same figure),
-    # its one-process run one epoch: the end-to-end run of docs/scale.md
+    # its one-process run one epoch: the end-to-end run of docs/scale.md. The smoke runs every size
+    # at bench/scale.py's SMOKE_ROWS: where the scale section's smoke ran that already (its "20000"
+    # row), this one's would be the same commands again (but one epoch: tests/test_scale_bench.py
+    # checks epoch_steps), so it is kept.
+    if smoke and str(SMOKE_ROWS) in results.get("scale", {}):
+        return
     results["scale"] = {**results.get("scale", {}),
                         **measure_scale((100_000_000,), smoke=smoke, previous=results.get("scale"), epoch=True)}
 
@@ -452,12 +481,15 @@ def _get(d: Dict, dotted: str):
 
 
 def _parse(argv: List[str]):
-    """``(sections, smoke, results path)`` from ``[--smoke] [--results PATH] [SECTION ...]``."""
+    """``(sections, smoke, results path)`` from ``[--smoke] [--serial] [--results PATH] [SECTION ...]``
+    (``--serial``: read by ``main``)."""
     smoke, path, names = False, None, []
     it = iter(argv)
     for a in it:
         if a == "--smoke":
             smoke = True
+        elif a == "--serial":
+            continue
         elif a == "--results":
             path = Path(next(it, ""))
         elif a.startswith("--results="):
@@ -488,6 +520,8 @@ def run_sections(wanted: List[str], results: Dict, path: Path, smoke: bool = Fal
         walls[name] = round(time.perf_counter() - t0, 1)
         results["bench_wall_s"] = round(time.perf_counter() - t_run, 1)
         results["bench_sections"] = wanted
+        if smoke:  # what bench/smoke_lanes.py reads back from a lane
+            results["bench_failed"] = failed
         if all(n in walls for n in default_sections()):
             results["bench_default_wall_s"] = round(sum(walls[n] for n in default_sections()), 1)
         print(f"[bench] {name}: {walls[name]:.0f} s{' FAILED' if name in failed else ''}", flush=True)
@@ -496,13 +530,28 @@ def run_sections(wanted: List[str], results: Dict, path: Path, smoke: bool = Fal
     return failed
 
 
+def _smoke_in_lanes(wanted: List[str], results: Dict, path: Path) -> List[str]:
+    """The smoke's sections in bench/smoke_lanes.py's lanes, written as ``run_sections`` writes
+    them: each section's wall, this run's, the sections run and the failed ones."""
+    from bench import smoke_lanes
+
+    t0 = time.perf_counter()
+    got, failed = smoke_lanes.run(wanted, work_dir(True))
+    results.update(got)
+    results.update(bench_wall_s=round(time.perf_counter() - t0, 1), bench_sections=wanted, bench_failed=failed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True))
+    return failed
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
-        print(f"usage: python -m bench.run [--smoke] [--results PATH] [SECTION ...]\n"
+        print(f"usage: python -m bench.run [--smoke [--serial]] [--results PATH] [SECTION ...]\n"
               f"sections: {', '.join(SECTIONS)} (default: all but {', '.join(ON_REQUEST)})\n"
               f"--smoke: every named section (default: all, on-request ones included) on tiny sizes, "
-              f"results to {SMOKE_RESULTS.relative_to(BENCH_DIR.parent)} (never {RESULTS.name})\n"
+              f"results to {SMOKE_RESULTS.relative_to(BENCH_DIR.parent)} (never {RESULTS.name}), two "
+              f"sections at a time (bench/smoke_lanes.py; --serial: one after another, in this process)\n"
               f"GMETA_BENCH_NETWORK=full: the network section's five-rate sweep with TFRA's per-table path\n"
               f"GMETA_BENCH_WIRE_QUALITY=synthetic|movielens: the wire_quality section on one dataset")
         return exit_codes.DONE.code
@@ -519,7 +568,10 @@ def main(argv=None) -> int:
     # a smoke run starts from nothing: a previous file's rows would hide a section that wrote none
     results = json.loads(path.read_text()) if path.is_file() and not smoke else {}
     work_dir(smoke).mkdir(parents=True, exist_ok=True)
-    failed = run_sections(wanted, results, path, smoke)
+    if smoke and "--serial" not in argv and len(wanted) > 1:
+        failed = _smoke_in_lanes(wanted, results, path)
+    else:
+        failed = run_sections(wanted, results, path, smoke)
     if smoke:
         print(f"\n[bench smoke] {len(wanted) - len(failed)} of {len(wanted)} sections ran in "
               f"{results['bench_wall_s']:.0f} s; wrote {path}")

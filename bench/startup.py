@@ -28,6 +28,7 @@ WORKERS = (1, 2, 4, 8)
 # ``smoke`` (bench/run.py --smoke): the hook, the stamps and the ratio with the fewest ranks that
 # still make a ratio (``ratio_2w_over_1w``); the same code at any worker count.
 SMOKE_WORKERS = (1, 2)
+PS, SMOKE_PS = 2, 1  # the smoke's rings against 1 PS: the same hook and stamps, one process fewer a run
 RANK_SCRIPT = Path(__file__).resolve().with_name("startup_rank.py")
 _STAMP = re.compile(r"GMETA_STARTUP (joined|step) (\d+) ([0-9.]+)")
 
@@ -39,14 +40,14 @@ def _train_argv(data: str, out: Path) -> list:
 
 
 def run_once(workers: int, data: str, out: Path, code: Optional[str] = None, log=print,
-             timeout_s: float = 590.0) -> Dict[str, float]:
-    """One launch of ``workers`` ranks against 2 fresh PS; the two times in seconds."""
+             timeout_s: float = 590.0, ps: int = PS) -> Dict[str, float]:
+    """One launch of ``workers`` ranks against ``ps`` fresh PS; the two times in seconds."""
     from launch.local_cluster import LocalCluster
 
     env = {"PYTHONPATH": os.pathsep.join(p for p in (code, os.environ.get("PYTHONPATH")) if p)}
     cluster = LocalCluster(log=lambda m: None, env=env)
     try:
-        cluster.start_ps(2)
+        cluster.start_ps(ps)
         argv = [sys.executable, str(RANK_SCRIPT), *_train_argv(data, out), "--ps", ",".join(cluster.ps_addresses)]
         t0 = time.time()
         code_ = cluster.run_workers(workers, argv, timeout_s=timeout_s)
@@ -69,14 +70,14 @@ def run_once(workers: int, data: str, out: Path, code: Optional[str] = None, log
     return result
 
 
-def measure(data: str, work: Path, workers: Iterable[int] = WORKERS, log=print) -> Dict[str, float]:
+def measure(data: str, work: Path, workers: Iterable[int] = WORKERS, log=print, ps: int = PS) -> Dict[str, float]:
     out: Dict[str, float] = {}
     baseline = os.environ.get("GMETA_BENCH_STARTUP_BASELINE")
     for prefix, code in (("", None), ("baseline_", baseline)):
         if prefix and not code:
             continue
         for n in workers:
-            r = run_once(n, data, work / f"startup-{prefix}{n}w", code=code, log=log)
+            r = run_once(n, data, work / f"startup-{prefix}{n}w", code=code, log=log, ps=ps)
             out[f"{prefix}seconds_{n}w"] = r["seconds"]
             out[f"{prefix}wall_seconds_{n}w"] = r["wall_seconds"]
         most = max(workers)  # the largest ring against one worker: ratio_8w_over_1w in make bench

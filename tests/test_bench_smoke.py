@@ -6,15 +6,18 @@ rank hook (commit 5517848) and nothing ran that code between benches. ``python -
 the same code and tiny sizes, so a section that no longer runs fails here, before it lands.
 
 The smoke's results go to this test's own directory (``--results``, ``GMETA_BENCH_SMOKE_WORK``):
-never ``bench/results.json``. The units below check the runner's own rules on a made-up section.
+never ``bench/results.json``. The units below check the runner's own rules on a made-up section,
+and one real run shows the old start-up hook fails the smoke by name.
 
-What it costs (smoke runs on the 2-core box through ``tools/heavy``, load <= 4.5): the default
-sections ~13 min (meta 123 s, distributed 182, sharding 38, hot_split 72, startup 28, serve 21,
-export 1, delivery 20, faults 134, network 162), almost all of it process start-ups (~15 s a
-2-worker + 2-PS job, about 45 of them in all): the sizes are already a few steps. The
-on-request sections add ~5 min (network_repeats 99 s, hot_in_program_2w 77, wire_quality 61,
-sharding_network 79), none cheap, so this test runs the default sections and `make
-bench-smoke` all of them.
+What it costs (the 2-core box, through ``tools/heavy``): it was ~13 min for the default sections
+alone (meta 123 s, distributed 182, faults 134, network 162, ...; the on-request ones ~5 min
+more), almost all of it process start-ups (a TensorFlow import is ~6 s of CPU a process), so
+issue 53 cut processes, not code: a sweep's loop runs one configuration, side-by-side duplicates
+run once, jobs run on 1 worker + 1 PS wherever the section's code does not need more, and the
+sections run two at a time (bench/smoke_lanes.py). Every section, the on-request ones included,
+ran in 6 min 43 s (403 s, 2026-11-29; network 130, faults 98, sharding_network 93, distributed
+82, meta 66, hot_split 53, network_repeats 50, hot_in_program_2w 47, the rest under 37 each; 731
+CPU s on 2 cores: the box is full), so this test runs them all, as `make bench-smoke` does.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import inspect
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +33,8 @@ from pathlib import Path
 import pytest
 
 from bench import run as bench_run
+from bench import smoke_lanes
+from gmeta_tf import exit_codes
 
 REPO = Path(__file__).resolve().parents[1]
 # Sections that need network namespaces (root or CAP_NET_ADMIN): emulated hosts.
@@ -75,10 +81,10 @@ def _netns_missing():
 
 
 @pytest.mark.integration
-@pytest.mark.alone  # ~45 cluster starts: run by itself after the parallel suite (make test)
+@pytest.mark.alone  # two lanes of cluster starts: run by itself after the parallel suite (make test)
 @pytest.mark.timeout(1800)
 def test_every_bench_section_runs_whole_on_tiny_sizes(tmp_path):
-    sections = list(bench_run.default_sections())
+    sections = list(bench_run.smoke_sections())
     if _netns_missing() is not None:  # CI runs as root; elsewhere the emulated hosts cannot exist
         sections = [s for s in sections if s not in NETNS_SECTIONS]
     results = tmp_path / "results.json"
@@ -150,3 +156,72 @@ def test_the_file_records_each_section_s_wall_time_and_the_run_s(tmp_path, monke
     with pytest.raises(TypeError):
         bench_run.run_sections(["quick", "broken"], {}, path)
     assert json.loads(path.read_text())["quick"] == {"value": 1.0} and seen == [True, False]
+
+
+@pytest.mark.fast
+def test_a_broken_section_fails_the_smoke_by_name(tmp_path, monkeypatch, capsys):
+    def broken(results, smoke):
+        raise TypeError("joined() takes 1 positional argument but 2 were given")
+
+    monkeypatch.setattr(bench_run, "SECTIONS", {"quick": lambda results, smoke: None, "broken": broken})
+    path = tmp_path / "r.json"
+    assert bench_run.main(["--smoke", "--serial", "--results", str(path), "quick", "broken"]) == exit_codes.FAILED.code
+    assert "[bench smoke] FAILED: broken" in capsys.readouterr().err
+    assert json.loads(path.read_text())["bench_failed"] == ["broken"]
+
+
+# -- the lanes (bench/smoke_lanes.py) ---------------------------------------------------------------
+@pytest.mark.fast
+def test_the_lanes_run_every_section_once_the_emulated_hosts_in_one():
+    sections = bench_run.smoke_sections()
+    lanes = smoke_lanes.plan(sections)
+    assert len(lanes) == smoke_lanes.LANES
+    assert sorted(s for lane in lanes for s in lane) == sorted(sections)
+    for lane in lanes:  # each lane keeps the runner's order
+        assert lane == [s for s in sections if s in lane]
+    (netns,) = [lane for lane in lanes if "network" in lane]
+    assert set(smoke_lanes.ONE_LANE) <= set(netns)
+    (scale,) = [lane for lane in lanes if "scale" in lane]
+    assert scale.index("scale") < scale.index("scale_100m")
+    # balanced on the walls: neither lane holds more than the heaviest group beyond the other
+    loads = sorted(sum(smoke_lanes.WALL_S.get(s, 30) for s in lane) for lane in lanes)
+    assert loads[1] - loads[0] <= sum(smoke_lanes.WALL_S[s] for s in smoke_lanes.ONE_LANE)
+    assert smoke_lanes.plan(["export"]) == [["export"]]
+
+
+@pytest.mark.fast
+def test_the_lanes_results_merge_key_by_key():
+    got = smoke_lanes.merge({"sharding": {"a": 1}, "x": 1}, {"sharding": {"network": {"b": 2}}, "x": 2})
+    assert got == {"sharding": {"a": 1, "network": {"b": 2}}, "x": 2}
+
+
+OLD_HOOK = ("def joined(cls, *args, **kwargs):", "def joined(cls):"), ("create(cls, *args, **kwargs)", "create(cls)")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(600)
+def test_the_smoke_fails_on_the_old_start_up_hook_and_names_it(tmp_path):
+    """Issue 53: the start-up section's TypeError (commit 5517848's hook, which took no
+    arguments) fails `make bench-smoke`, naming the section, while the other lane's goes on.
+    The smoke runs from a copy of bench/ with the old hook (cwd first on sys.path), the rest of
+    the code this checkout's."""
+    copy = tmp_path / "checkout"
+    shutil.copytree(REPO / "bench", copy / "bench", ignore=shutil.ignore_patterns("out", "__pycache__"))
+    (copy / "configs").symlink_to(REPO / "configs")
+    hook = copy / "bench" / "startup_rank.py"
+    text = hook.read_text()
+    for new, old in OLD_HOOK:
+        assert new in text
+        text = text.replace(new, old)
+    hook.write_text(text)
+    results = tmp_path / "results.json"
+    env = {**os.environ, "GMETA_BENCH_SMOKE_WORK": str(tmp_path / "work"), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-m", "bench.run", "--smoke", "--results", str(results), "startup", "export"],
+                       cwd=copy, env=env, capture_output=True, text=True, timeout=540)
+    assert r.returncode == exit_codes.FAILED.code, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "[bench smoke] FAILED: startup" in r.stderr
+    assert "TypeError" in r.stdout and "joined()" in r.stdout
+    got = json.loads(results.read_text())
+    assert got["bench_failed"] == ["startup"] and "startup" not in got
+    assert got["export"]["static_over_tfra"] > 0  # the other lane's section ran whole

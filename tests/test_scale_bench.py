@@ -100,3 +100,13 @@ def test_scale_smoke_reports_every_figure():
     assert abs(row["rows"] - SMOKE_ROWS) < 0.1 * SMOKE_ROWS  # ~67 rows a task
     assert row["eval_users"] > 0
     assert got["on_paper"]["hours"] > 0
+
+
+def test_the_end_to_end_run_trains_one_epoch_of_the_train_split(tmp_path):
+    """scale_100m's one-process run: ceil(train tasks / the quickstart's tasks_per_batch) steps."""
+    from bench.scale import epoch_steps
+
+    (tmp_path / "schema.json").write_text(json.dumps({"splits": {"train": {"tasks": 1_000_001}}}))
+    assert epoch_steps(tmp_path) == math.ceil(1_000_001 / 32)
+    (tmp_path / "schema.json").write_text(json.dumps({"splits": {"train": {"tasks": 5}}}))
+    assert epoch_steps(tmp_path) == 1

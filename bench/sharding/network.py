@@ -54,6 +54,9 @@ import numpy as np
 POINT = "rate=5mbit"
 WORKERS, PS = 4, 2
 REPEATS = 2
+# ``smoke`` (bench/run.py --smoke): every arm planned and trained once on 1 worker (+ the PS):
+# the same planning, jobs and reading on the fewest processes
+SMOKE_WORKERS = 1
 ZIPF = 1.2  # the network section's data
 MEM_PER_PS = 8 * 2**30  # ample: memory does not constrain these tables (a few MiB)
 PLAIN = "hot.budget=0"  # the plain PS path, the one the cost model describes
@@ -162,7 +165,7 @@ def summarize(arms: Dict[str, Arm], runs: Dict[str, List[Dict]]) -> Dict:
 def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKERS, ps: int = PS,
             repeats: int = REPEATS, point: str = POINT, smoke: bool = False) -> Dict:
     """Plan, then train every arm ``repeats`` times on emulated hosts (module docstring);
-    ``smoke`` (bench/run.py --smoke): one pass, 2 workers, the network smoke's short window."""
+    ``smoke`` (bench/run.py --smoke): one pass, 1 worker, the network smoke's short window."""
     from bench.hot_split import _prepare
     from bench.network_paths import FIRST, LOG_EVERY, PER_WORKER_T, SMOKE_LOG_EVERY, SMOKE_WINDOW, STEPS, run_point
     from gmeta_tf.config.loader import load_config
@@ -173,7 +176,7 @@ def measure(work: Path, log: Callable[[str], None] = print, workers: int = WORKE
     from launch.network.profile import parse_profile
 
     if smoke:
-        workers, repeats = 2, 1
+        workers, repeats = SMOKE_WORKERS, 1
     window, log_every = (SMOKE_WINDOW, SMOKE_LOG_EVERY) if smoke else ((FIRST, STEPS), LOG_EVERY)
     data = _prepare(work, ZIPF, smoke)
     cfg = load_config("configs/quickstart.yaml", [f"data.tasks_per_batch={PER_WORKER_T}"])
