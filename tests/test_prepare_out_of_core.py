@@ -142,6 +142,38 @@ def test_bad_row_is_reported_after_structural_errors_as_in_memory(tmp_path, csv_
     assert msgs[0] == msgs[1] and "b.csv: row 5" in msgs[1] and "non-integer" in msgs[1]
 
 
+def test_every_part_names_every_bad_row_of_the_input(tmp_path, csv_data, csv_cfg):
+    """A part drops other parts' rows only after checking them: each part reports the first bad row
+    of the whole input (the in-memory engine's message), and counts every skipped row."""
+    rows = csv_data.rows(n_users=16, per_user=14)
+    bad = {3: ("y", ""), 15: ("y", "nan"), 20: ("y", "3"), 30: ("item", "-1"), 50: ("x1", "nan"),
+           90: ("uid", ""), 150: ("when", "")}
+    for r, (c, v) in bad.items():
+        rows[r][c] = v
+    a = csv_data.write(tmp_path / "a.csv", rows[:100])
+    b = csv_data.write(tmp_path / "b.csv", rows[100:])
+    cfg = dataclasses.replace(csv_cfg, shards=4, valid_frac=0.0, test_frac=0.0)
+    with pytest.raises(DataError) as e:
+        prepare([str(a), str(b)], str(tmp_path / "mem"), dataclasses.replace(cfg, engine="memory"))
+    want = str(e.value)
+    assert "a.csv: row 3" in want, want
+    uid = [r["uid"] for r in rows]
+    skip = dataclasses.replace(cfg, on_bad_rows="skip")
+    whole = prepare([str(a), str(b)], str(tmp_path / "whole"), dataclasses.replace(skip, part="0/1"))
+    spooled = 0
+    for i in range(4):
+        with pytest.raises(DataError) as e:
+            prepare([str(a), str(b)], str(tmp_path / f"e{i}"), dataclasses.replace(cfg, part=f"{i}/4"))
+        assert str(e.value) == want, i
+        r = prepare([str(a), str(b)], str(tmp_path / f"s{i}"), dataclasses.replace(skip, part=f"{i}/4"))
+        assert r["rows_skipped"] == whole["rows_skipped"] and sum(r["rows_skipped"].values()) == len(bad)
+        assert r["input_rows"] == len(rows)
+        spooled += r["part_rows"]
+    assert spooled == whole["part_rows"] == len(rows) - len(bad)
+    # the bad rows lie in several parts' tasks, so each part named and counted others' rows
+    assert len(set(parts.shard_of([uid[r] for r in bad if uid[r]], skip.seed, 4).tolist())) >= 2
+
+
 def test_csv_types_settled_over_the_whole_file(tmp_path):
     """``read_csv`` infers a column over the whole file; a streamed read sees one block at a time."""
     n = 60_000  # more than one 1 MiB block
