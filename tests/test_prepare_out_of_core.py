@@ -389,6 +389,8 @@ def test_part_option_errors(synth_small, tmp_path):
     r = CliRunner().invoke(data, ["prepare", "-i", str(synth_small), "--out", str(tmp_path / "c"), "--part", "1/3",
                                   "--shards", "3", "--min-task-size", "30", "--query", "4"])
     assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "c" / fmt.SCHEMA_FILE).read_text())["summary"]
+    assert f"this part: {summary['tasks_in']:,} tasks, {summary['part_rows']:,} rows" in r.output
     assert json.loads((tmp_path / "c" / fmt.SCHEMA_FILE).read_text())["part"]["index"] == 1
 
 
