@@ -152,22 +152,25 @@ def test_every_part_names_every_bad_row_of_the_input(tmp_path, csv_data, csv_cfg
         rows[r][c] = v
     a = csv_data.write(tmp_path / "a.csv", rows[:100])
     b = csv_data.write(tmp_path / "b.csv", rows[100:])
+    c = csv_data.write(tmp_path / "c.csv", [dict(r, uid="") for r in rows[:3]])  # a batch without any task
+    files = [str(a), str(b), str(c)]
     cfg = dataclasses.replace(csv_cfg, shards=4, valid_frac=0.0, test_frac=0.0)
     with pytest.raises(DataError) as e:
-        prepare([str(a), str(b)], str(tmp_path / "mem"), dataclasses.replace(cfg, engine="memory"))
+        prepare(files, str(tmp_path / "mem"), dataclasses.replace(cfg, engine="memory"))
     want = str(e.value)
     assert "a.csv: row 3" in want, want
     uid = [r["uid"] for r in rows]
     skip = dataclasses.replace(cfg, on_bad_rows="skip")
-    whole = prepare([str(a), str(b)], str(tmp_path / "whole"), dataclasses.replace(skip, part="0/1"))
+    whole = prepare(files, str(tmp_path / "whole"), dataclasses.replace(skip, part="0/1"))
+    n_bad = len(bad) + 3
     spooled = 0
     for i in range(4):
         with pytest.raises(DataError) as e:
-            prepare([str(a), str(b)], str(tmp_path / f"e{i}"), dataclasses.replace(cfg, part=f"{i}/4"))
+            prepare(files, str(tmp_path / f"e{i}"), dataclasses.replace(cfg, part=f"{i}/4"))
         assert str(e.value) == want, i
-        r = prepare([str(a), str(b)], str(tmp_path / f"s{i}"), dataclasses.replace(skip, part=f"{i}/4"))
-        assert r["rows_skipped"] == whole["rows_skipped"] and sum(r["rows_skipped"].values()) == len(bad)
-        assert r["input_rows"] == len(rows)
+        r = prepare(files, str(tmp_path / f"s{i}"), dataclasses.replace(skip, part=f"{i}/4"))
+        assert r["rows_skipped"] == whole["rows_skipped"] and sum(r["rows_skipped"].values()) == n_bad
+        assert r["input_rows"] == len(rows) + 3
         spooled += r["part_rows"]
     assert spooled == whole["part_rows"] == len(rows) - len(bad)
     # the bad rows lie in several parts' tasks, so each part named and counted others' rows

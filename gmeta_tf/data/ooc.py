@@ -122,6 +122,8 @@ def _mine(cols, cfg: PrepareConfig, part: Optional[Tuple[int, int]]) -> Optional
     distinct task of the batch)? None: every row is (no ``--part``, or ``0/1``)."""
     if part is None or part[1] == 1:
         return None
+    if cols.names.size == 0:  # every task null: bad rows, counted already
+        return np.zeros(cols.task.size, bool)
     return parts.in_part(cols.names, cfg.seed, cfg.shards, part)[cols.task]
 
 
