@@ -15,14 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
 from gmeta_tf.cli.data_cmd import data
 from gmeta_tf.config.schema import ConfigError, PrepareConfig
+from gmeta_tf.data import ooc, parts
 from gmeta_tf.data import task_format as fmt
+from gmeta_tf.data.ooc_input import open_all
 from gmeta_tf.data.prepare import prepare
+from gmeta_tf.data.read_input import resolve_inputs, resolve_mapping
 from gmeta_tf.data.synth import synth
 from gmeta_tf.errors import DataError
 
@@ -138,6 +142,41 @@ def test_bad_row_is_reported_after_structural_errors_as_in_memory(tmp_path, csv_
     assert msgs[0] == msgs[1] and "b.csv: row 5" in msgs[1] and "non-integer" in msgs[1]
 
 
+def test_every_part_names_every_bad_row_of_the_input(tmp_path, csv_data, csv_cfg):
+    """A part drops other parts' rows only after checking them: each part reports the first bad row
+    of the whole input (the in-memory engine's message), and counts every skipped row."""
+    rows = csv_data.rows(n_users=16, per_user=14)
+    bad = {3: ("y", ""), 15: ("y", "nan"), 20: ("y", "3"), 30: ("item", "-1"), 50: ("x1", "nan"),
+           90: ("uid", ""), 150: ("when", "")}
+    for r, (c, v) in bad.items():
+        rows[r][c] = v
+    a = csv_data.write(tmp_path / "a.csv", rows[:100])
+    b = csv_data.write(tmp_path / "b.csv", rows[100:])
+    c = csv_data.write(tmp_path / "c.csv", [dict(r, uid="") for r in rows[:3]])  # a batch without any task
+    files = [str(a), str(b), str(c)]
+    cfg = dataclasses.replace(csv_cfg, shards=4, valid_frac=0.0, test_frac=0.0)
+    with pytest.raises(DataError) as e:
+        prepare(files, str(tmp_path / "mem"), dataclasses.replace(cfg, engine="memory"))
+    want = str(e.value)
+    assert "a.csv: row 3" in want, want
+    uid = [r["uid"] for r in rows]
+    skip = dataclasses.replace(cfg, on_bad_rows="skip")
+    whole = prepare(files, str(tmp_path / "whole"), dataclasses.replace(skip, part="0/1"))
+    n_bad = len(bad) + 3
+    spooled = 0
+    for i in range(4):
+        with pytest.raises(DataError) as e:
+            prepare(files, str(tmp_path / f"e{i}"), dataclasses.replace(cfg, part=f"{i}/4"))
+        assert str(e.value) == want, i
+        r = prepare(files, str(tmp_path / f"s{i}"), dataclasses.replace(skip, part=f"{i}/4"))
+        assert r["rows_skipped"] == whole["rows_skipped"] and sum(r["rows_skipped"].values()) == n_bad
+        assert r["input_rows"] == len(rows) + 3
+        spooled += r["part_rows"]
+    assert spooled == whole["part_rows"] == len(rows) - len(bad)
+    # the bad rows lie in several parts' tasks, so each part named and counted others' rows
+    assert len(set(parts.shard_of([uid[r] for r in bad if uid[r]], skip.seed, 4).tolist())) >= 2
+
+
 def test_csv_types_settled_over_the_whole_file(tmp_path):
     """``read_csv`` infers a column over the whole file; a streamed read sees one block at a time."""
     n = 60_000  # more than one 1 MiB block
@@ -231,13 +270,64 @@ def test_parts_add_up_to_the_one_machine_output(synth_small, tmp_path, split_by)
                for t in pq.read_table(whole / rel).column(fmt.TASK_ID).to_pylist()} for s in fmt.SPLITS}
     assert all(ids.values()) and sum(len(v) for v in ids.values()) == len(set().union(*ids.values()))
     assert sum(len(v) for v in ids.values()) == r["tasks_kept"]
+    # the summaries: the parts' own tasks and rows add up to the whole's, the input counts are the whole's
+    summaries = [json.loads((tmp_path / f"p{i}" / fmt.SCHEMA_FILE).read_text())["summary"] for i in range(3)]
+    ws = whole_schema["summary"]
+    for key in ("tasks_in", "tasks_kept", "samples_truncated", "part_rows"):
+        assert sum(p[key] for p in summaries) == ws[key], key
+    for reason in ws["dropped"]:
+        assert sum(p["dropped"][reason] for p in summaries) == ws["dropped"][reason]
+    assert all(p["input_rows"] == ws["input_rows"] and p["rows_skipped"] == ws["rows_skipped"] for p in summaries)
+    assert ws["part_rows"] == ws["input_rows"] - sum(ws["rows_skipped"].values())
+
+
+def _task_rows(raw: Path) -> tuple:
+    """The input's task ids (Arrow) and rows per task."""
+    col = pa.chunked_array([pq.read_table(f, columns=["user_id"]).column(0).combine_chunks()
+                            for f in sorted(raw.glob("*.parquet"))]).combine_chunks()
+    vc = pc.value_counts(col)
+    return vc.field("values"), vc.field("counts").to_numpy()
+
+
+def test_a_part_spools_only_its_tasks_rows(synth_small, tmp_path):
+    """``--part I/N`` drops other parts' rows as it reads: ``summary.part_rows`` (the rows spooled)
+    is exactly the input rows of the part's tasks, about 1/N of the input, and the spool holds them."""
+    ids, rows = _task_rows(synth_small)
+    shard = parts.shard_of(ids, 5, 3)
+    total = int(rows.sum())
+    got = []
+    for i in range(3):
+        r = prepare([str(synth_small)], str(tmp_path / f"p{i}"), _part_cfg(part=f"{i}/3"))
+        summary = json.loads((tmp_path / f"p{i}" / fmt.SCHEMA_FILE).read_text())["summary"]
+        assert summary["input_rows"] == total and r["input_rows"] == total
+        assert summary["part_rows"] == int(rows[shard == i].sum())
+        assert summary["tasks_in"] == int((shard == i).sum())
+        got.append(summary["part_rows"])
+    assert sum(got) == total and max(got) < 0.6 * total, got
+    # the read stage itself: the spool holds the part's rows only
+    cfg = _part_cfg(part="1/3")
+    m = resolve_mapping(cfg, [str(synth_small)])
+    res = ooc._read(open_all(resolve_inputs([str(synth_small)]), m), m, cfg, tmp_path / "spool.parquet", False)
+    assert res.kept_rows == total and res.part_rows == got[1] == pq.read_metadata(tmp_path / "spool.parquet").num_rows
+    assert len(res.codes) == int((shard == 1).sum())
+
+
+def _seed_with_an_empty_shard(raw: Path, shards: int, lo: int, hi: int) -> int:
+    """A seed under which some shard gets no kept task (so a part of one shard writes nothing)."""
+    ids, rows = _task_rows(raw)
+    kept = (rows >= lo) & (rows <= hi)
+    for seed in range(5, 200):
+        if np.bincount(parts.shard_of(ids.filter(pa.array(kept)), seed, shards), minlength=shards).min() == 0:
+            return seed
+    raise AssertionError("no seed leaves a shard empty")
 
 
 def test_parts_with_empty_shards_and_a_part_without_tasks(synth_small, tmp_path):
     cfg = dict(min_task_size=90, max_task_size=1000, shards=12, valid_frac=0.2, test_frac=0.2)
+    seed = _seed_with_an_empty_shard(synth_small, 12, 90, 1000)
     whole = tmp_path / "whole"
     prepare([str(synth_small)], str(whole),
-            PrepareConfig(query=4, max_support=8, rows_per_group=7, seed=5, part="0/1", **cfg))
+            PrepareConfig(query=4, max_support=8, rows_per_group=7, seed=seed, part="0/1", **cfg))
     schema = json.loads((whole / fmt.SCHEMA_FILE).read_text())
     rows = {rel: pq.read_metadata(whole / rel).num_rows for s in fmt.SPLITS for rel in schema["splits"][s]["files"]}
     assert len(rows) == 36 and 0 in rows.values() and sum(rows.values()) == schema["summary"]["tasks_kept"]
@@ -247,12 +337,46 @@ def test_parts_with_empty_shards_and_a_part_without_tasks(synth_small, tmp_path)
     i = empty_parts[0]
     out = tmp_path / "empty"
     r = prepare([str(synth_small)], str(out),
-                PrepareConfig(query=4, max_support=8, rows_per_group=7, seed=5, part=f"{i}/12", **cfg))
+                PrepareConfig(query=4, max_support=8, rows_per_group=7, seed=seed, part=f"{i}/12", **cfg))
     assert r["tasks_kept"] == 0 and r["samples"] == 0
     for s in fmt.SPLITS:
         for rel in json.loads((out / fmt.SCHEMA_FILE).read_text())["splits"][s]["files"]:
             t = pq.read_table(out / rel)
             assert t.num_rows == 0 and t.schema.equals(pq.read_schema(whole / rel))
+
+
+def test_a_part_that_reads_no_row_of_its_own(tmp_path):
+    """A part none of whose tasks is in the input (two tasks, twelve shards) writes empty shards
+    with the data set's columns; the whole input's empty-split check stays with ``--part 0/1``."""
+    n = 80
+    pq.write_table(pa.table({
+        "u": pa.array([f"user{i % 2}" for i in range(n)]),
+        "y": pa.array([float(i % 2) for i in range(n)]),
+        "t": pa.array(list(range(n))),
+        "item": pa.array([i % 7 for i in range(n)]),
+        "tags": pa.array([[i % 5, 9] for i in range(n)], pa.list_(pa.int64())),
+    }), tmp_path / "a.parquet")
+    base = dict(task_col="u", label_col="y", label_kind="click", time_col="t", categorical=["item"],
+                multi_hot=["tags"], query=3, max_support=8, min_task_size=5, shards=12, seed=1,
+                valid_frac=0.0, test_frac=0.0)
+    mine = set(parts.shard_of(["user0", "user1"], 1, 12).tolist())
+    i = min(set(range(12)) - mine)
+    whole = tmp_path / "whole"
+    prepare([str(tmp_path / "a.parquet")], str(whole), PrepareConfig(part="0/1", **base))
+    out = tmp_path / "none"
+    r = prepare([str(tmp_path / "a.parquet")], str(out), PrepareConfig(part=f"{i}/12", **base))
+    assert r["tasks_kept"] == 0 and r["tasks_in"] == 0 and r["part_rows"] == 0 and r["input_rows"] == n
+    schema = json.loads((out / fmt.SCHEMA_FILE).read_text())
+    rel = schema["splits"]["train"]["files"][0]
+    assert pq.read_table(out / rel).num_rows == 0
+    assert pq.read_schema(out / rel).equals(pq.read_schema(whole / rel))
+    # a part may lack a split; the one-machine run still refuses one
+    with pytest.raises(DataError, match="split 'valid' would get no tasks"):
+        prepare([str(tmp_path / "a.parquet")], str(tmp_path / "w2"),
+                PrepareConfig(part="0/1", **{**base, "valid_frac": 0.2}))
+    assert not (tmp_path / "w2").exists()
+    prepare([str(tmp_path / "a.parquet")], str(tmp_path / "p2"),
+            PrepareConfig(part=f"{i}/12", **{**base, "valid_frac": 0.2}))
 
 
 def test_part_option_errors(synth_small, tmp_path):
@@ -268,6 +392,8 @@ def test_part_option_errors(synth_small, tmp_path):
     r = CliRunner().invoke(data, ["prepare", "-i", str(synth_small), "--out", str(tmp_path / "c"), "--part", "1/3",
                                   "--shards", "3", "--min-task-size", "30", "--query", "4"])
     assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "c" / fmt.SCHEMA_FILE).read_text())["summary"]
+    assert f"this part: {summary['tasks_in']:,} tasks, {summary['part_rows']:,} rows" in r.output
     assert json.loads((tmp_path / "c" / fmt.SCHEMA_FILE).read_text())["part"]["index"] == 1
 
 

@@ -13,8 +13,8 @@ their definitions):
   order and ``hashed``, ``support_query``, ``folds``, the shard count in the file names): must be
   equal in every part, else a ``DataError`` names the part directory and the field;
 * ``splits``: files listed together, ``tasks`` and ``samples`` added (tasks are disjoint);
-* ``summary``: the counts of what each part kept added; the whole input's counts
-  (``task_format.WHOLE_INPUT_COUNTS``: every part read all of it) taken once;
+* ``summary``: the counts of each part's own tasks and rows added; the whole input's counts
+  (``task_format.WHOLE_INPUT_COUNTS``: every part checked all of it) taken once;
 * ``id_counts/<col>.npz`` (train-split samples per id): ids united, counts added -- exact;
 * ``table_stats`` (``stats.access_stats``): recomputed from the combined id counts (rows =
   distinct ids, lookups = their sum, skew from the counts) -- exact; left out when a part has

@@ -8,8 +8,10 @@ output's temp dir (so a failed run leaves nothing) and DuckDB sorts them on disk
 
 1. **read** (streamed): each input file batch by batch (``ooc_input``), each batch converted by
    ``convert`` (the same checks and messages; a bad row under ``on_bad_rows=error`` is raised once
-   the whole input has been checked, as the in-memory engine does), task names mapped to codes of
-   the task list, the typed columns appended to ``spool1``;
+   the whole input has been checked, as the in-memory engine does); with ``--part I/N`` only the
+   rows of the part's tasks go on (``parts.in_part``: a task's shard is a hash of its id), so a
+   part spools, sorts and writes ~1/N of the rows; task names mapped to codes of the task list (the
+   part's tasks), the typed columns appended to ``spool1``;
 2. **tasks** (numpy, the task list only): ``filter_tasks`` and ``assign_splits`` as in memory (or the
    hash assignment of ``parts`` with ``prepare.part``), giving each kept task its output rank;
 3. **rank** (streamed): ``spool1`` in input order → ``spool2`` of the kept tasks' rows with their
@@ -27,6 +29,7 @@ output's temp dir (so a failed run leaves nothing) and DuckDB sorts them on disk
 """
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
 import zipfile
@@ -81,7 +84,8 @@ class _Read:
         self.codes: Dict[str, int] = {}
         self.sizes = np.zeros(0, np.int64)
         self.input_rows = 0
-        self.kept_rows = 0
+        self.kept_rows = 0  # rows of the whole input past the bad-row checks
+        self.part_rows = 0  # of those, the rows spooled: with --part I/N only the part's tasks' rows
         self.skipped = {r: 0 for r in REASONS}
         self.hashed: Dict[str, bool] = {}
 
@@ -113,14 +117,28 @@ def _spool_batch(s: Samples, codes: np.ndarray, base: int, m: Mapping, nm: _Name
     return pa.table(cols)
 
 
+def _mine(cols, cfg: PrepareConfig, part: Optional[Tuple[int, int]]) -> Optional[np.ndarray]:
+    """Per row of a batch: is its task one of part ``part``'s (``parts.in_part``, hashed once per
+    distinct task of the batch)? None: every row is (no ``--part``, or ``0/1``)."""
+    if part is None or part[1] == 1:
+        return None
+    if cols.names.size == 0:  # every task null: bad rows, counted already
+        return np.zeros(cols.task.size, bool)
+    return parts.in_part(cols.names, cfg.seed, cfg.shards, part)[cols.task]
+
+
 def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, progress: bool) -> _Read:
+    """Read, check and convert every input row; spool the rows of this part's tasks (all rows
+    without ``--part``): rows of other parts are checked and counted, never spooled."""
     from tqdm import tqdm
 
     hashed = decisions(sources, m)
     nm = _Names(m)
     res = _Read()
+    part = cfg.part_index()
     first_error: Optional[DataError] = None
     writer = _LazyWriter(spool, **SPOOL_OPTIONS)
+    template: Optional[pa.Table] = None  # an empty spool batch, for a part that keeps no row
     bar = tqdm(total=sum(s.num_rows for s in sources), unit=" rows", unit_scale=True, desc="prepare: read",
                file=sys.stderr, disable=None if progress else True, leave=False)
     try:
@@ -143,12 +161,20 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
                     keep, counts = cols.bad.resolve("skip")
                 for r, n in counts.items():
                     res.skipped[r] += n
+                res.kept_rows += int(keep.sum())
+                mine = _mine(cols, cfg, part)
+                if mine is not None:
+                    keep = keep & mine
                 s, _ = keep_rows(rows, cols, keep, counts)
                 res.hashed = s.hashed
                 if len(s) == 0:
+                    if template is None and writer.writer is None:
+                        template = _spool_batch(s, s.task, base, m, nm)
                     continue
-                res.kept_rows += len(s)
+                res.part_rows += len(s)
                 writer.write(_spool_batch(s, res.task_codes(s), base, m, nm))
+        if writer.writer is None and template is not None and first_error is None:
+            writer.write(template)  # no row of this part: an empty spool with the input's columns
     finally:
         bar.close()
         writer.close()
@@ -164,8 +190,12 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
 def _rank(spool1: Path, spool2: Path, task_rank: np.ndarray, cfg: PrepareConfig) -> None:
     rng = np.random.default_rng([cfg.seed, 0xA11CE]) if cfg.split_by == "random" and cfg.part is None else None
     writer = _LazyWriter(spool2, **SPOOL_OPTIONS)
+    # a spool of no rows (a part whose tasks have none) still gives spool2 its columns
+    empty = [pa.RecordBatch.from_pylist([], schema=pq.read_schema(spool1))]
     try:
-        for b in pq.ParquetFile(spool1).iter_batches(batch_size=FETCH_ROWS):
+        for b in itertools.chain(pq.ParquetFile(spool1).iter_batches(batch_size=FETCH_ROWS), empty):
+            if b.num_rows == 0 and writer.writer is not None:
+                continue
             rank = task_rank[b.column(0).to_numpy()]
             keep = rank >= 0  # (an empty batch still writes: a part may keep no task at all)
             t = pa.Table.from_batches([b]).filter(pa.array(keep)).drop_columns(["t"])
@@ -575,6 +605,7 @@ def prepare_ooc(files: Sequence[Path], m: Mapping, cfg: PrepareConfig, tmp: Path
         "dropped": dropped,
         "rows_skipped": read.skipped,
         "samples_truncated": int(sizes.sum() - n_support.sum() - n_query.sum()),
+        **({"part_rows": read.part_rows} if part is not None else {}),
     }
     schema = {
         "format_version": fmt.FORMAT_VERSION,

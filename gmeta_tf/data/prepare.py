@@ -264,5 +264,7 @@ def format_summary(s: Dict) -> str:
         f"prepared {s['tasks_kept']:,} tasks (train {sp['train']['tasks']:,} / valid {sp['valid']['tasks']:,} / "
         f"test {sp['test']['tasks']:,}), {s['samples']:,} samples from {s['input_rows']:,} input rows; "
         f"dropped: {_kv(s['dropped'])}; rows skipped: {_kv(skipped)}; "
-        f"truncated: {s['samples_truncated']:,} samples; wrote {s['out']}"
+        f"truncated: {s['samples_truncated']:,} samples; "
+        + (f"this part: {s['tasks_in']:,} tasks, {s['part_rows']:,} rows; " if "part_rows" in s else "")
+        + f"wrote {s['out']}"
     )

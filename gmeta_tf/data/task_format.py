@@ -62,14 +62,16 @@ a reader of version 1 reads such a dataset correctly, and a dataset without the 
      "id_counts": {<feature>: "id_counts/<feature>.npz"},   # both optional (absent = none)
      "splits": {"train": {"tasks", "samples", "files": [...]}, "valid": ..., "test": ...},
      "summary": {"input_rows", "tasks_in", "tasks_kept", "dropped": {<reason>: count},
-                 "rows_skipped": {<reason>: count}, "samples_truncated"},
+                 "rows_skipped": {<reason>: count}, "samples_truncated",
+                 "part_rows"},                            # only with --part, see below
      "part": {...}}                                       # only with --part, see below
 
 A **part** (``gmeta data prepare --part I/N``, ``data/parts.py``) is one of N directories that
-together make one data set: every machine reads the whole input but writes only the shards ``s``
-with ``s % N == I`` (file names keep the data set's ``part-<s>-of-<shards>``), tasks assigned to
-splits and shards by a hash of (task id, seed). Its ``schema.json`` describes the part alone, and
-says how to merge (``gmeta data combine``)::
+together make one data set: tasks are assigned to splits and shards by a hash of (task id, seed),
+and every machine reads and checks the whole input but keeps only the rows of its tasks, those
+of the shards ``s`` with ``s % N == I``, and writes only those shards (file names keep the data
+set's ``part-<s>-of-<shards>``). Its ``schema.json`` describes the part alone, and says how to
+merge (``gmeta data combine``)::
 
      "part": {"index": I, "count": N,
               "samples": <written samples, all splits>, "train_samples": <of the train split>,
@@ -79,15 +81,20 @@ says how to merge (``gmeta data combine``)::
 
 Additive over parts (sum them, or min/max; ``mean`` and ``m2``, the sum of squared deviations
 from the mean over ``train_samples``, merge by Chan et al.'s update): everything in ``part``, ``splits.*.tasks`` /
-``samples`` / ``files`` (concatenate), ``summary.tasks_kept`` / ``samples_truncated``, the
-``id_counts`` tables (add counts per id) and ``part_ids/<feature>.npz`` (``ids``: the distinct ids
-of the part's written samples, all splits; union them for ``cardinality``). From these the merged
-``dense`` / ``label_stats`` mean and std (population: ``sqrt(m2/n)``), ``pooling``,
-``max_len``, ``cardinality`` and ``table_stats`` (from the merged id counts) follow. The same in
-every part (take one): ``summary.input_rows``, ``tasks_in``, ``dropped`` and ``rows_skipped``
-(the whole input's), and the roles. Each part's own ``categorical`` / ``multi_hot`` /
+``samples`` / ``files`` (concatenate), ``summary.tasks_in`` / ``tasks_kept`` / ``dropped`` /
+``samples_truncated`` / ``part_rows`` (counts of the part's own tasks, disjoint between parts;
+``part_rows``: the input rows of the part's tasks that passed the bad-row checks, i.e. the rows
+it spooled), the ``id_counts`` tables (add counts per id) and ``part_ids/<feature>.npz``
+(``ids``: the distinct ids of the part's written samples, all splits; union them for
+``cardinality``). From these the merged ``dense`` / ``label_stats`` mean and std (population:
+``sqrt(m2/n)``), ``pooling``, ``max_len``, ``cardinality`` and ``table_stats`` (from the merged
+id counts) follow. The same in every part (take one, ``WHOLE_INPUT_COUNTS``):
+``summary.input_rows`` and ``rows_skipped`` (the whole input's: every part checks every row),
+and the roles. So the combined ``summary`` is ``--part 0/1``'s. Each part's own ``categorical`` / ``multi_hot`` /
 ``dense`` / ``label_stats`` / ``table_stats`` are the part's statistics. Target encoding and
-``folds`` are refused with ``--part``. A shard that gets no task is an empty file (0 rows).
+``folds`` are refused with ``--part``. A shard that gets no task is an empty file (0 rows);
+with N > 1 a part with no task, or none in a split, is legal (only ``--part 0/1`` refuses an
+empty split or no kept task: a part cannot see the other parts' tasks).
 """
 from __future__ import annotations
 
@@ -103,8 +110,9 @@ from gmeta_tf.errors import DataError
 FORMAT_VERSION = 1
 SCHEMA_FILE = "schema.json"
 PART_IDS_DIR = "part_ids"  # a part's distinct ids per feature, all splits (``part`` above)
-# ``summary`` counts of the whole input, the same in every part (``part`` above): taken once
-WHOLE_INPUT_COUNTS = ("input_rows", "tasks_in", "dropped", "rows_skipped")
+# ``summary`` counts of the whole input, the same in every part (``part`` above): taken once.
+# (``tasks_in`` and ``dropped`` count the part's own tasks: added like ``tasks_kept``.)
+WHOLE_INPUT_COUNTS = ("input_rows", "rows_skipped")
 COLUMNS_SIDECAR = "columns.json"  # written by ``gmeta data synth`` next to its Parquet files
 SPLITS = ("train", "valid", "test")
 PAD_ID = -1
