@@ -182,3 +182,11 @@ def test_a_part_without_its_distinct_ids_is_named(parts, tmp_path):
         combine([str(p) for p in parts], str(tmp_path / "c"))
     assert str(parts[1] / fmt.PART_IDS_DIR / "item_id.npz") in str(e.value)
     assert not (tmp_path / "c").exists()
+
+
+def test_parts_without_a_train_task_together_are_refused(parts, tmp_path):
+    for p in parts:
+        _edit(p, lambda s: s["splits"]["train"].update(tasks=0))
+    with pytest.raises(DataError, match="no train task together"):
+        combine([str(p) for p in parts], str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()

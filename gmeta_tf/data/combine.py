@@ -281,6 +281,9 @@ def combine(part_dirs: Sequence[str], out: str, overwrite: bool = False) -> Dict
             raise DataError(f"--out {out} would replace part directory {p.path}; choose another --out")
     with atomic_dir(out_p, overwrite) as tmp:
         splits, linked, copied = _write_splits(parts, tmp)
+        if not splits["train"]["tasks"]:  # each part may lack tasks; the whole data set may not
+            raise DataError(f"the {len(parts)} part(s) hold no train task together (field 'splits.train.tasks' "
+                            f"is 0 in every part); check --min-task-size / --max-task-size")
         id_files, table_stats = _merge_id_counts(parts, tmp)
         schema = {k: v for k, v in parts[0].schema.items() if k not in ("part", "table_stats", "id_counts")}
         schema.update(_feature_stats(parts), splits=splits, summary=_summary(parts), target_encoding=[])
