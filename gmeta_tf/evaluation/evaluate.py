@@ -139,14 +139,44 @@ def _prediction_fn(model: AdaptableModel, cfg: Config, steps: int, lr: float):
 _PREDICTION_FNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+EVAL_BATCH_SAMPLES = 16384  # support + query slots per evaluation batch: 512 quickstart tasks
+
+
+def eval_batch_tasks(cfg: Config, schema: dict, split: str, steps: int) -> int:
+    """Tasks per evaluation batch: about ``EVAL_BATCH_SAMPLES`` slots, never fewer tasks than
+    training's ``data.tasks_per_batch``, never more than the split (or ``eval.max_tasks``) holds.
+
+    Why not training's batch: every batch is one call of the adapt-and-score graph, whose cost
+    is mostly per call at 32 tasks (843 calls for 27k users). Each task adapts on its own
+    slice of the batch (the inner loop is vectorized over tasks, nothing mixes them), so with
+    at most one inner step the predictions are the same, bit for bit, whatever the batch
+    (checked on the quickstart and MovieLens models). With several steps some float32 products
+    round differently at another batch size (1 ulp in ~0.1% of MovieLens' fine-tuned
+    predictions): there training's batch stays, so every number stays as it was. The cap keeps
+    a small valid split (validation every ``train.eval_every`` steps) from scoring mostly padding.
+    """
+    if steps > 1:
+        return cfg.data.tasks_per_batch
+    per_task = max(1, cfg.data.support + cfg.data.query)
+    tasks = max(cfg.data.tasks_per_batch, EVAL_BATCH_SAMPLES // per_task)
+    total = (((schema or {}).get("splits") or {}).get(split) or {}).get("tasks")
+    if cfg.eval.max_tasks:
+        total = min(int(total), cfg.eval.max_tasks) if total is not None else cfg.eval.max_tasks
+    if total is not None:
+        tasks = min(tasks, max(cfg.data.tasks_per_batch, int(total)))
+    return int(tasks)
+
+
 def _chunks(model: DLRM, cfg: Config, split: str, steps: int, lr: float, item: Optional[str] = None,
             with_items: bool = False, chunk_users: int = CHUNK_USERS) -> Iterator[QueryChunk]:
     """The split's tasks in reading order (at most ``eval.max_tasks``), in chunks of about
     ``chunk_users`` users: query labels and predictions before/after adaptation; with
     ``with_items``, each task's samples of feature ``item`` for the baselines."""
-    ds = make_dataset(cfg.data.path, split, cfg.data, training=False, raw_ids=with_items)
-    fn = _prediction_fn(model, cfg, steps, lr)
     cap = cfg.eval.max_tasks
+    schema = load_schema(cfg.data.path)
+    data = replace(cfg.data, tasks_per_batch=eval_batch_tasks(cfg, schema, split, steps))
+    ds = make_dataset(cfg.data.path, split, data, training=False, raw_ids=with_items, schema=schema)
+    fn = _prediction_fn(model, cfg, steps, lr)
     pending: List[QueryChunk] = []
     waiting = seen = 0
     for batch in ds:
