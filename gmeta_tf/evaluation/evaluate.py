@@ -143,28 +143,31 @@ EVAL_BATCH_SAMPLES = 16384  # support + query slots per evaluation batch: 512 qu
 
 
 def eval_batch_tasks(cfg: Config, schema: dict, split: str, steps: int) -> int:
-    """Tasks per evaluation batch: about ``EVAL_BATCH_SAMPLES`` slots, never fewer tasks than
-    training's ``data.tasks_per_batch``, never more than the split (or ``eval.max_tasks``) holds.
+    """Tasks per evaluation batch: a multiple of training's ``data.tasks_per_batch`` holding about
+    ``EVAL_BATCH_SAMPLES`` support + query slots, and no more batches of training's size than
+    the split (or ``eval.max_tasks``) fills.
 
     Why not training's batch: every batch is one call of the adapt-and-score graph, whose cost
-    is mostly per call at 32 tasks (843 calls for 27k users). Each task adapts on its own
-    slice of the batch (the inner loop is vectorized over tasks, nothing mixes them), so with
-    at most one inner step the predictions are the same, bit for bit, whatever the batch
-    (checked on the quickstart and MovieLens models). With several steps some float32 products
-    round differently at another batch size (1 ulp in ~0.1% of MovieLens' fine-tuned
-    predictions): there training's batch stays, so every number stays as it was. The cap keeps
-    a small valid split (validation every ``train.eval_every`` steps) from scoring mostly padding.
+    is mostly per call at 32 tasks (843 calls for 27k users). Each task adapts on its own slice
+    of the batch (the inner loop is vectorized over tasks, nothing mixes them), and with at most
+    one inner step and a multiple of training's batch the predictions are the same, bit for bit
+    (checked on the quickstart and MovieLens models, ``tests/test_eval_scale.py``). Other sizes
+    round some float32 products differently (45 tasks instead of 32: 1 ulp in 3% of the adapted
+    predictions), and so do several inner steps at any other size (MovieLens' fine-tuning: 1 ulp
+    in 0.3%): there training's batch stays, so every number stays what it was. Rounding the split
+    up to training's batch pads no more tasks than training's batches did.
     """
+    base = max(1, cfg.data.tasks_per_batch)
     if steps > 1:
-        return cfg.data.tasks_per_batch
+        return base
     per_task = max(1, cfg.data.support + cfg.data.query)
-    tasks = max(cfg.data.tasks_per_batch, EVAL_BATCH_SAMPLES // per_task)
+    batches = max(1, EVAL_BATCH_SAMPLES // (per_task * base))
     total = (((schema or {}).get("splits") or {}).get(split) or {}).get("tasks")
     if cfg.eval.max_tasks:
         total = min(int(total), cfg.eval.max_tasks) if total is not None else cfg.eval.max_tasks
     if total is not None:
-        tasks = min(tasks, max(cfg.data.tasks_per_batch, int(total)))
-    return int(tasks)
+        batches = min(batches, max(1, -(-int(total) // base)))
+    return base * batches
 
 
 def _chunks(model: DLRM, cfg: Config, split: str, steps: int, lr: float, item: Optional[str] = None,
