@@ -39,8 +39,8 @@ from gmeta_tf.evaluation.per_task import Parts, TaskScores, pooled
 BETTER, WORSE, CANT_TELL = "better", "worse", "can't tell"
 
 # Resampled users held at once by the batched bootstrap (resamples per batch × users): a few
-# arrays of this many 8-byte cells, ~32 MB each, whatever the number of users.
-_BATCH_CELLS = 1 << 22
+# arrays of this many 8-byte cells, ~16 MB each, whatever the number of users.
+_BATCH_CELLS = 1 << 21
 
 
 @dataclass(frozen=True)
