@@ -19,8 +19,10 @@ grow with the split.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -223,9 +225,17 @@ def _evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str], with_ba
     steps, lr = adaptation(cfg, algo)
     schema = load_schema(cfg.data.path)
     item = baselines.item_feature(schema, cfg.eval.item_feature, cfg.data.path)  # fails before the long pass
-    # the train split's statistics come first: each chunk's baselines are scored as it arrives
-    stats = baselines.train_item_stats(cfg.data.path, schema, item) if with_baselines else None
     chunks = _chunks(model, cfg, split, steps, lr, item=item, with_items=with_baselines)
+    if not with_baselines:
+        return score_chunks(chunks, cfg, algo, model.kind, split, steps, lr, item, None, progress)
+    # Each chunk's baselines need the train split's statistics (a read of the whole train split:
+    # ~2 s at 10M rows); they are computed in a thread while the model's graph is traced and
+    # scores the first chunk (Arrow reads and numpy sorts release the GIL, and so does TensorFlow).
+    with ThreadPoolExecutor(1, thread_name_prefix="train-item-stats") as pool:
+        pending = pool.submit(baselines.train_item_stats, cfg.data.path, schema, item)
+        first = next(chunks, None)
+        stats = pending.result()
+    chunks = itertools.chain([first] if first is not None else [], chunks)
     return score_chunks(chunks, cfg, algo, model.kind, split, steps, lr, item, stats, progress)
 
 
