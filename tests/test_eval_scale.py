@@ -122,6 +122,32 @@ def test_bootstrap_working_set_does_not_grow_with_users(users, monkeypatch):
     assert max(rows * n for rows, n in seen) <= max(paired._BATCH_CELLS, users)
 
 
+@fast
+def test_task_scores_takes_the_streams_parts_instead_of_copying_them():
+    """The stream hands each scorer's parts over (one copy at the end, not two), and refuses to
+    report from what it no longer holds."""
+    from gmeta_tf.config.schema import Config
+    from gmeta_tf.evaluation import segments
+    from gmeta_tf.evaluation.stream import StreamScores, task_scores
+
+    rng = np.random.default_rng(0)
+    stream = StreamScores("click", 4.0)
+    for c in range(3):
+        offsets = segments.offsets_from_counts(rng.integers(0, 6, 100))
+        y = (rng.random(offsets[-1]) < 0.3).astype(np.float64)
+        stream.add([f"u{c}-{i}" for i in range(100)], y, offsets,
+                   {"after": rng.random(offsets[-1]), "before": rng.random(offsets[-1])})
+    want = {k: stream.parts(k) for k in ("after", "before")}
+    tasks = task_scores(stream, {"m": ("after", "model"), "m_no_adapt": ("before", "variant")}, "test", Config())
+    assert len(tasks.task_ids) == 300
+    for name, key in (("m", "after"), ("m_no_adapt", "before")):
+        for metric, (num, den) in want[key].items():
+            assert np.array_equal(tasks.scorers[name][metric][0], num) and np.array_equal(tasks.scorers[name][metric][1], den)
+    assert sum(len(chunks) for chunks in stream._parts.values()) == 0  # no second copy held
+    with pytest.raises(ValueError, match="handed over"):
+        stream.metrics("after")
+
+
 # ------------------------------------------------------------------ evaluation batches
 
 
