@@ -148,6 +148,24 @@ def test_task_scores_takes_the_streams_parts_instead_of_copying_them():
         stream.metrics("after")
 
 
+@fast
+def test_aligning_another_runs_users_matches_the_per_user_lookup():
+    """``--compare``'s alignment (numpy, sorted ids) puts the other run's users in this run's
+    order exactly as the dict lookup it replaced."""
+    s = _scores("rating", 1000, seed=7)
+    perm = np.random.default_rng(8).permutation(1000)
+    other = _scores("rating", 1000, seed=9)
+    other.task_ids = [s.task_ids[i] for i in perm]
+    other.checks = {"query_size": s.checks["query_size"][perm]}
+    got = s.aligned(other)
+    pos = {t: i for i, t in enumerate(other.task_ids)}
+    order = np.array([pos[t] for t in s.task_ids])
+    assert got.task_ids == s.task_ids
+    assert np.array_equal(got.scorers["m"]["mae"][0], other.scorers["m"]["mae"][0][order])
+    back = TaskScores.from_parquet(other.to_parquet())
+    assert back.task_ids == other.task_ids and all(isinstance(t, str) for t in back.task_ids)
+
+
 # ------------------------------------------------------------------ evaluation batches
 
 
