@@ -4,8 +4,8 @@ Synthetic click users (16 query and 16 support samples each, the quickstart's sh
 way a MAML eval scores them: the model before and after adapting plus the three baselines, every
 metric, the per-user parts of ``eval_tasks.parquet``. No model runs: predictions are drawn.
 
-* ``old``: the per-user implementation that ``tests/test_eval_vectorized.py`` keeps as its
-  reference (``_old_evaluate``), fed what the old ``_collect`` held: one small array per user,
+* ``old``: the per-user implementation that ``tests/test_eval_vectorized.py`` checks against
+  (``tests/eval_reference.py``'s ``_old_evaluate``), fed what the old ``_collect`` held: one small array per user,
   per quantity, for the whole split, then scored user by user (sklearn per user).
 * ``new``: ``evaluate.score_chunks`` + ``task_scores`` over chunks of ``CHUNK_USERS`` users,
   generated as they are consumed (as the dataset streams them in ``gmeta eval``).
@@ -23,7 +23,6 @@ would hold the box for 45 minutes).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import resource
@@ -38,14 +37,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 Q = S = 16
 SEED = 0
-
-
-def _reference():
-    """The old per-user code, as the vectorization test keeps it (not part of the package)."""
-    spec = importlib.util.spec_from_file_location("_eval_reference", ROOT / "tests" / "test_eval_vectorized.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _stats():
@@ -109,7 +100,8 @@ def run_one(impl: str, users: int) -> Dict:
         scores = task_scores(stream, scorers, "test", cfg)
         seconds = time.perf_counter() - t0 - generate
     else:
-        ref = _reference()
+        from tests.eval_reference import _old_evaluate  # the reference: not part of the package
+
         task_ids, labels, before, after, tasks = [], [], [], [], []
         for c in _chunks(users, CHUNK_USERS):  # what the old _collect held: small arrays per user
             task_ids += c.task_ids.tolist()
@@ -122,8 +114,8 @@ def run_one(impl: str, users: int) -> Dict:
                 segments.split(it.support_labels, it.support_offsets),
                 segments.split(it.query_items, it.query_offsets))]
         t0 = time.perf_counter()
-        result, parts, _, _ = ref._old_evaluate(cfg, "maml", "click", "test", 3, 0.1, "item", stats, task_ids,
-                                                labels, before, after, tasks)
+        result, parts, _, _ = _old_evaluate(cfg, "maml", "click", "test", 3, 0.1, "item", stats, task_ids,
+                                            labels, before, after, tasks)
         seconds = time.perf_counter() - t0
         scores = parts
     assert result["tasks"] == users and scores is not None

@@ -1,7 +1,9 @@
 """``gmeta train`` and ``gmeta eval``."""
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
@@ -132,7 +134,6 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
     Next to the table: every metric's paired difference against each baseline (and each --compare
     run) over the same users, with a bootstrap interval and a verdict: better, worse or can't tell.
     """
-    from gmeta_tf.evaluation import paired
     from gmeta_tf.evaluation.evaluate import evaluate_tasks, write_eval
     from gmeta_tf.evaluation.per_task import load_for_comparison
     from gmeta_tf.evaluation.report import format_paired, format_table
@@ -143,8 +144,15 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
     cfg, model, ckpt = load_trained(run_dir, overrides, checkpoint=which)
     scored = split or cfg.eval.split
     total = split_tasks(load_schema(cfg.data.path), scored, cfg.eval.max_tasks)
+    # SciPy (the paired bootstrap, after scoring) takes ~1.5 s to import: it loads while the
+    # model scores, which leaves the GIL to it inside every TensorFlow call.
+    scipy_loader = threading.Thread(target=importlib.import_module, args=("gmeta_tf.evaluation.paired",),
+                                    name="import-scipy", daemon=True)
+    scipy_loader.start()
     with users_progress(total, f"eval {scored}") as progress:
         result, tasks = evaluate_tasks(model, cfg, cfg.meta.algo, split, progress=progress)
+    scipy_loader.join()
+    from gmeta_tf.evaluation import paired
     result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
     # which data was scored, and with which checkpoint
     result["data"] = {**data_record(cfg.data.path, load_schema(cfg.data.path)), "checkpoint": ckpt.restored}

@@ -19,8 +19,10 @@ grow with the split.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -139,14 +141,47 @@ def _prediction_fn(model: AdaptableModel, cfg: Config, steps: int, lr: float):
 _PREDICTION_FNS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+EVAL_BATCH_SAMPLES = 16384  # support + query slots per evaluation batch: 512 quickstart tasks
+
+
+def eval_batch_tasks(cfg: Config, schema: dict, split: str, steps: int) -> int:
+    """Tasks per evaluation batch: a multiple of training's ``data.tasks_per_batch`` holding about
+    ``EVAL_BATCH_SAMPLES`` support + query slots, and no more batches of training's size than
+    the split (or ``eval.max_tasks``) fills.
+
+    Why not training's batch: every batch is one call of the adapt-and-score graph, whose cost
+    is mostly per call at 32 tasks (843 calls for 27k users). Each task adapts on its own slice
+    of the batch (the inner loop is vectorized over tasks, nothing mixes them), and with at most
+    one inner step and a multiple of training's batch the predictions are the same, bit for bit
+    (checked on the quickstart and MovieLens models, ``tests/test_eval_scale.py``). Other sizes
+    round some float32 products differently (45 tasks instead of 32: 1 ulp in 3% of the adapted
+    predictions), and so do several inner steps at any other size (MovieLens' fine-tuning: 1 ulp
+    in 0.3%): there training's batch stays, so every number stays what it was. Rounding the split
+    up to training's batch pads no more tasks than training's batches did.
+    """
+    base = max(1, cfg.data.tasks_per_batch)
+    if steps > 1:
+        return base
+    per_task = max(1, cfg.data.support + cfg.data.query)
+    batches = max(1, EVAL_BATCH_SAMPLES // (per_task * base))
+    total = (((schema or {}).get("splits") or {}).get(split) or {}).get("tasks")
+    if cfg.eval.max_tasks:
+        total = min(int(total), cfg.eval.max_tasks) if total is not None else cfg.eval.max_tasks
+    if total is not None:
+        batches = min(batches, max(1, -(-int(total) // base)))
+    return base * batches
+
+
 def _chunks(model: DLRM, cfg: Config, split: str, steps: int, lr: float, item: Optional[str] = None,
             with_items: bool = False, chunk_users: int = CHUNK_USERS) -> Iterator[QueryChunk]:
     """The split's tasks in reading order (at most ``eval.max_tasks``), in chunks of about
     ``chunk_users`` users: query labels and predictions before/after adaptation; with
     ``with_items``, each task's samples of feature ``item`` for the baselines."""
-    ds = make_dataset(cfg.data.path, split, cfg.data, training=False, raw_ids=with_items)
-    fn = _prediction_fn(model, cfg, steps, lr)
     cap = cfg.eval.max_tasks
+    schema = load_schema(cfg.data.path)
+    data = replace(cfg.data, tasks_per_batch=eval_batch_tasks(cfg, schema, split, steps))
+    ds = make_dataset(cfg.data.path, split, data, training=False, raw_ids=with_items, schema=schema)
+    fn = _prediction_fn(model, cfg, steps, lr)
     pending: List[QueryChunk] = []
     waiting = seen = 0
     for batch in ds:
@@ -190,9 +225,17 @@ def _evaluate(model: DLRM, cfg: Config, algo: str, split: Optional[str], with_ba
     steps, lr = adaptation(cfg, algo)
     schema = load_schema(cfg.data.path)
     item = baselines.item_feature(schema, cfg.eval.item_feature, cfg.data.path)  # fails before the long pass
-    # the train split's statistics come first: each chunk's baselines are scored as it arrives
-    stats = baselines.train_item_stats(cfg.data.path, schema, item) if with_baselines else None
     chunks = _chunks(model, cfg, split, steps, lr, item=item, with_items=with_baselines)
+    if not with_baselines:
+        return score_chunks(chunks, cfg, algo, model.kind, split, steps, lr, item, None, progress)
+    # Each chunk's baselines need the train split's statistics (a read of the whole train split:
+    # ~2 s at 10M rows); they are computed in a thread while the model's graph is traced and
+    # scores the first chunk (Arrow reads and numpy sorts release the GIL, and so does TensorFlow).
+    with ThreadPoolExecutor(1, thread_name_prefix="train-item-stats") as pool:
+        pending = pool.submit(baselines.train_item_stats, cfg.data.path, schema, item)
+        first = next(chunks, None)
+        stats = pending.result()
+    chunks = itertools.chain([first] if first is not None else [], chunks)
     return score_chunks(chunks, cfg, algo, model.kind, split, steps, lr, item, stats, progress)
 
 

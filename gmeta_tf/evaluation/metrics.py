@@ -34,8 +34,13 @@ _CLIP = 1e-7  # probabilities are clipped to [_CLIP, 1 - _CLIP] for the log loss
 def pooled(metric: str, num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
     """``f(Σ num / Σ den)`` along ``axis`` (vectorized: the bootstrap calls it on resamples);
     NaN where no user has a part (Σ den = 0)."""
-    total = np.sum(den, axis=axis)
-    value = np.sum(num, axis=axis) / np.where(total > 0, total, np.nan)
+    return pooled_from_sums(metric, np.sum(num, axis=axis), np.sum(den, axis=axis))
+
+
+def pooled_from_sums(metric: str, num_total: np.ndarray, den_total: np.ndarray) -> np.ndarray:
+    """``pooled`` given the sums ``Σ num`` and ``Σ den`` (the batched bootstrap sums many
+    resamples of many scorers in one matrix product, ``paired.py``)."""
+    value = num_total / np.where(den_total > 0, den_total, np.nan)
     return np.sqrt(value) if metric == "rmse" else value
 
 

