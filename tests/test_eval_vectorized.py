@@ -158,6 +158,27 @@ def test_streamed_pooled_auc_equals_sklearn_over_all_samples():
     assert math.isnan(one_class.value()) and math.isnan(metrics.PooledAUC().value())
 
 
+@fast
+def test_pooled_auc_keeps_a_models_float32_scores_in_12_bytes_each():
+    """The histogram is what grows with users (one entry per distinct model score): a float32
+    key and two int32 counts, not float64 and int64 twice, and the AUC unchanged."""
+    rng = np.random.default_rng(3)
+    auc = metrics.PooledAUC()
+    ys, ps = [], []
+    for _ in range(6):
+        y = (rng.random(20_000) < 0.4).astype(np.float64)
+        p = rng.random(20_000).astype(np.float32)
+        p[:50] = np.float32(1.0)  # clipped in float32, as before
+        auc.add(y, p)
+        ys.append(y)
+        ps.append(p)
+    auc._merge()
+    (u, pos, cnt), = auc._parts
+    assert (u.nbytes + pos.nbytes + cnt.nbytes) / u.size == 12
+    want = roc_auc_score(np.concatenate(ys), np.clip(np.concatenate(ps), _CLIP, 1 - _CLIP))
+    assert auc.value() == pytest.approx(want, rel=1e-12)
+
+
 # ------------------------------------------------------------------ baselines
 
 def _stats(kind: str) -> ItemStats:

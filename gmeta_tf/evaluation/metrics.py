@@ -118,17 +118,26 @@ class PooledAUC:
         self._parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._merged = 0  # distinct scores in the first part, once merged
         self._pending = 0
+        self._samples = 0
+
+    def _count_dtype(self):
+        """int32 counts (12 B per distinct float32 score, not 24) until a count could pass 2^31."""
+        return np.int32 if self._samples < np.iinfo(np.int32).max else np.int64
 
     def add(self, labels: np.ndarray, preds: np.ndarray) -> None:
         # clipped in the predictions' own dtype (a model's float32 rounds the bounds, so every
-        # float32 score at or above float32(1 - 1e-7) joins one tie, as it always has)
-        q = np.clip(np.asarray(preds), _CLIP, 1 - _CLIP).astype(np.float64)
+        # float32 score at or above float32(1 - 1e-7) joins one tie, as it always has); kept in it:
+        # float32 → float64 is exact and keeps the order, so the histogram's ties are the same
+        q = np.clip(np.asarray(preds), _CLIP, 1 - _CLIP)
+        q = q if q.dtype in (np.float32, np.float64) else q.astype(np.float64)
         if q.size == 0:
             return
+        self._samples += int(q.size)
         u, inv = np.unique(q, return_inverse=True)
         inv = inv.reshape(-1)
-        pos = np.bincount(inv, weights=positive(labels), minlength=u.size).astype(np.int64)
-        self._parts.append((u, pos, np.bincount(inv, minlength=u.size).astype(np.int64)))
+        dt = self._count_dtype()
+        pos = np.bincount(inv, weights=positive(labels), minlength=u.size).astype(dt)
+        self._parts.append((u, pos, np.bincount(inv, minlength=u.size).astype(dt)))
         self._pending += u.size
         if self._pending > max(self._merged, self.MERGE_AT):
             self._merge()
@@ -137,9 +146,10 @@ class PooledAUC:
         if len(self._parts) > 1:
             u, inv = np.unique(np.concatenate([p[0] for p in self._parts]), return_inverse=True)
             inv = inv.reshape(-1)
+            dt = self._count_dtype()
             pos = np.bincount(inv, weights=np.concatenate([p[1] for p in self._parts]), minlength=u.size)
             cnt = np.bincount(inv, weights=np.concatenate([p[2] for p in self._parts]), minlength=u.size)
-            self._parts = [(u, pos.astype(np.int64), cnt.astype(np.int64))]
+            self._parts = [(u, pos.astype(dt), cnt.astype(dt))]
         self._merged = self._parts[0][0].size if self._parts else 0
         self._pending = 0
 
@@ -149,6 +159,7 @@ class PooledAUC:
         if not self._parts:
             return float("nan")
         _, pos, cnt = self._parts[0]
+        pos, cnt = pos.astype(np.int64), cnt.astype(np.int64)
         neg = cnt - pos
         n_pos, n_neg = int(pos.sum()), int(neg.sum())
         if n_pos == 0 or n_neg == 0:
