@@ -116,8 +116,10 @@ def test_without_any_peer_record_a_failed_collective_is_not_retried_on_a_guess(p
     """Every PS answers and no peer can be asked (no record in reach, no rendezvous of worker 0's):
     the old rule blamed the peers by the error's type, exit 200, which a TFJob restarts for ever
     when the error is this rank's own. Now: unknown, the error named, a non-retryable code."""
-    got = step_failure(SOCKET_CLOSED, Runtime(sync=_RankOfTwo(), ps_tasks=1, ps_addresses=[ps]), 30)
+    logged = []
+    got = step_failure(SOCKET_CLOSED, Runtime(sync=_RankOfTwo(), ps_tasks=1, ps_addresses=[ps], log=logged.append), 30)
     assert isinstance(got, PeersUnknown) and got.exit_code == exit_codes.FAILED.code
+    assert logged and "UnavailableError: Socket closed" in logged[-1]  # its traceback is kept in the log
     assert not exit_codes.retryable(got.exit_code)
     assert str(got).startswith(f"rank 0: step 30 failed with every PS answering ({ps}): Socket closed. Whether a "
                                "peer worker was lost cannot be told: no peer's status record is in reach"), str(got)

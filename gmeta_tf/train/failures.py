@@ -35,6 +35,7 @@ import os
 import socket
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -238,6 +239,8 @@ def step_failure(e: Exception, rt: Runtime, step: int, directory: Optional[str] 
         return lost_rank0_error(e, rt, step)
     if ev.visible and not ev.unverified:
         return None  # every peer's record says it runs, and its process does: the error is this rank's own
+    # It may be this rank's own (a bug): its traceback stays in the log, the one line replaces it.
+    rt.log("".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip())
     return peers_unknown_error(e, rt, step, ev)
 
 
