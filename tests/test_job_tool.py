@@ -1,11 +1,13 @@
 """``gmeta job``: dry-run output, and every no-cluster path as one clear line (never a trace).
 
-No cluster is needed: a fake ``kubectl`` shell script on PATH plays an unreachable API server
-(with the real kubectl's messages), a healthy one, or is absent altogether.
+No cluster is needed: a fake ``kubectl`` on PATH plays an unreachable API server
+(with the real kubectl's messages and data answers: tests/fake_kubectl.py), a healthy one, or is
+absent altogether.
 """
 from __future__ import annotations
 
 import json
+import socket
 import stat
 import sys
 import types
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from fake_kubectl import REFUSED
 
 from gmeta_tf.cli.job_cmd import format_status, job_group
 from gmeta_tf.cli.k8s_cmd import k8s_group
@@ -25,57 +28,35 @@ QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
 RENDER = ["--config", QUICKSTART, "--image", "reg/gmeta:1", "--workers", "4", "--ps", "2",
           "--gpus-per-worker", "1", "--checkpoint-pvc", "ckpt", "--name", "maml-run", "--set", "train.steps=9"]
 
-REFUSED = "The connection to the server localhost:8080 was refused - did you specify the right host or port?"
-KLOG = ('E1121 01:25:10.099215   19950 memcache.go:265] "Unhandled Error" err="couldn\'t get current server API '
-        'group list: Get \\"http://localhost:8080/api?timeout=32s\\": dial tcp 127.0.0.1:8080: connect: '
-        'connection refused"')
+FAKE_KUBECTL = Path(__file__).with_name("fake_kubectl.py")  # what each call answers, and why
+CONTEXTS = "kind-gmeta-dev prod-east prod minikube kind-dev"
 
-# A stand-in for kubectl. FAKE_MODE: down (API server unreachable), nocrd (no TFJob kind),
-# notfound, ok. FAKE_CONTEXT: what `kubectl config current-context` prints (unset: no context).
-FAKE_KUBECTL = r"""#!/bin/sh
-echo "$*" >> "$FAKE_LOG"
-case "$*" in
-  *"config current-context"*)
-    if [ -n "$FAKE_CONTEXT" ]; then echo "$FAKE_CONTEXT"; exit 0; fi
-    echo "error: current-context is not set" >&2; exit 1;;
-esac
-case "$*" in *" apply "*|apply*) /bin/cat > "$FAKE_STDIN";; esac
-case "$FAKE_MODE" in
-  down)
-    for i in 1 2 3; do echo '__KLOG__' >&2; done
-    echo "__REFUSED__" >&2; exit 1;;
-  nocrd)
-    echo 'error: resource mapping not found for name: "maml-run" namespace: "" from "STDIN": no matches for kind "TFJob" in version "kubeflow.org/v1"' >&2
-    echo 'ensure CRDs are installed first' >&2; exit 1;;
-  notfound)
-    case "$*" in *--ignore-not-found*) exit 0;; esac
-    echo 'Error from server (NotFound): tfjobs.kubeflow.org "maml-run" not found' >&2; exit 1;;
-esac
-case "$*" in
-  *" apply "*|apply*) echo "configmap/maml-run-config created"; echo "tfjob.kubeflow.org/maml-run created";;
-  *"get tfjob"*) /bin/cat "$FAKE_JSON";;
-  *" logs "*|logs*) echo "step 100 loss 0.51"; echo "step 200 loss 0.43";;
-  *"delete tfjob"*) echo 'tfjob.kubeflow.org "maml-run" deleted';;
-  *"delete configmap"*) echo 'configmap "maml-run-config" deleted';;
-esac
-exit 0
-""".replace("__KLOG__", KLOG.replace("'", "'\\''")).replace("__REFUSED__", REFUSED)
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """Put a fake kubectl first (and alone) on PATH; returns a helper to read what it was asked."""
+    """Put a fake kubectl first (and alone) on PATH; returns a helper to read what it was asked.
+    No kubeconfig the ``kubernetes`` client could load: kubectl alone is asked why a call failed."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "kubectl"
-    script.write_text(FAKE_KUBECTL)
+    script.write_text(f"#!{sys.executable}\n" + FAKE_KUBECTL.read_text())
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
     monkeypatch.setenv("FAKE_LOG", str(tmp_path / "calls.log"))
     monkeypatch.setenv("FAKE_STDIN", str(tmp_path / "stdin.yaml"))
     monkeypatch.setenv("FAKE_JSON", str(tmp_path / "tfjob.json"))
     monkeypatch.setenv("FAKE_MODE", "ok")
-    monkeypatch.delenv("FAKE_CONTEXT", raising=False)
+    monkeypatch.setenv("FAKE_CONTEXTS", CONTEXTS)
+    monkeypatch.setenv("FAKE_SERVER", f"https://127.0.0.1:{_closed_port()}")  # nothing listens there
+    for name in ("FAKE_CONTEXT", "FAKE_SAYS", "FAKE_BROKEN", "FAKE_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
 
     class Fake:
         def calls(self):
@@ -85,10 +66,15 @@ def fake(tmp_path, monkeypatch):
         def stdin(self):
             return (tmp_path / "stdin.yaml").read_text()
 
-        def mode(self, mode, context=None):
+        def mode(self, mode, context=None, says=None):
             monkeypatch.setenv("FAKE_MODE", mode)
             if context:
                 monkeypatch.setenv("FAKE_CONTEXT", context)
+            if says:
+                monkeypatch.setenv("FAKE_SAYS", says)
+
+        def setenv(self, name, value):
+            monkeypatch.setenv(name, value)
 
         def tfjob_json(self, doc):
             (tmp_path / "tfjob.json").write_text(json.dumps(doc))
@@ -152,7 +138,10 @@ def test_no_cluster_names_the_context_option(fake):
     r = _invoke(job_group, ["submit", "--context", "prod-east", *RENDER])
     _one_line_error(r, "kube context 'prod-east'", "localhost:8080 was refused")
     assert "kind-gmeta-dev" not in r.stderr
-    assert fake.calls() == ["--context prod-east apply -f -"]
+    calls = fake.calls()
+    assert calls[0] == "--context prod-east apply -f -"
+    # Why it failed is asked of that context too (the kubeconfig's list of contexts is no context's).
+    assert calls[1:] and all(c.startswith("--context prod-east ") for c in calls if c != "config get-contexts -o name")
 
 
 def test_no_cluster_and_no_current_context(fake):
@@ -164,7 +153,8 @@ def test_no_cluster_and_no_current_context(fake):
 def test_cluster_without_training_operator(fake):
     fake.mode("nocrd", context="minikube")
     r = _invoke(job_group, ["submit", *RENDER])
-    _one_line_error(r, "'minikube' has no TFJob resource", "training operator", 'no matches for kind "TFJob"')
+    _one_line_error(r, "'minikube' has no TFJob resource", "training operator",
+                    "kubectl api-resources --api-group kubeflow.org lists no tfjobs")
 
 
 @pytest.mark.parametrize("args", [["status", "maml-run"], ["logs", "maml-run"], ["delete", "maml-run"]])
@@ -172,6 +162,88 @@ def test_other_commands_without_cluster(fake, args):
     fake.mode("down", context="kind-gmeta-dev")
     r = _invoke(job_group, args)
     _one_line_error(r, "cannot reach the Kubernetes cluster of kube context 'kind-gmeta-dev'")
+
+
+# ------------------------------------- why a call failed: kubectl's data answers, not its wording
+
+# Lines a kubectl of another version (or language, or plugin) could print for each cause; the
+# old code sorted stderr by regular expressions and blamed by these words (issue 52, item 6).
+MISLEADING = "error: You must be logged in to the server (the server has asked for the client to provide credentials)"
+
+
+@pytest.mark.parametrize("says", [REFUSED, 'Fehler vom Server: tfjobs.kubeflow.org "maml-run" existiert nicht'])
+def test_a_missing_job_is_said_so_whatever_kubectl_printed(fake, says):
+    """`get tfjob NAME --ignore-not-found -o json` prints nothing: the job does not exist (the old
+    code said "cannot reach the cluster" for the first line and a bare failure for the second)."""
+    fake.mode("notfound", context="kind-dev", says=says)
+    fake.setenv("FAKE_NAMESPACE", "ml")
+    _one_line_error(_invoke(job_group, ["status", "maml-run"]),
+                    "TFJob maml-run not found on the cluster of kube context 'kind-dev' (namespace ml)")
+    r = _invoke(job_group, ["logs", "maml-run", "--index", "3", "-n", "team"])
+    _one_line_error(r, "pod maml-run-worker-3 (TFJob maml-run, worker 3) not found", "(namespace team)")
+    assert "--context kind-dev" not in " ".join(fake.calls())  # no --context given: kubectl's current one
+    assert "--namespace team get pod maml-run-worker-3 --ignore-not-found -o json" in fake.calls()
+    r = _invoke(job_group, ["delete", "maml-run"])
+    _one_line_error(r, "TFJob maml-run not found")
+    assert "cannot reach" not in r.stderr
+
+
+def test_an_unreachable_cluster_is_found_by_connecting_not_by_kubectls_words(fake):
+    """`kubectl version -o json` has no serverVersion and nothing listens at the server
+    `config view --minify -o json` names (the old code read "logged in" and said "not authorized")."""
+    fake.mode("down", context="kind-gmeta-dev", says=MISLEADING)
+    r = _invoke(job_group, ["status", "maml-run"])
+    _one_line_error(r, "cannot reach the Kubernetes cluster of kube context 'kind-gmeta-dev' to get TFJob maml-run",
+                    "nothing accepts connections at https://127.0.0.1:", MISLEADING)
+    assert "not authorized" not in r.stderr
+
+
+def test_an_api_server_that_listens_but_does_not_answer_gets_kubectls_own_line(fake):
+    """Credentials refused, a TLS mismatch, a proxy: nothing the answers name. kubectl's line,
+    verbatim and unsorted, with the context."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    try:
+        fake.setenv("FAKE_SERVER", f"https://127.0.0.1:{listening.getsockname()[1]}")
+        fake.mode("down", context="kind-gmeta-dev", says=MISLEADING)
+        r = _invoke(job_group, ["status", "maml-run"])
+    finally:
+        listening.close()
+    _one_line_error(r, f"kubectl failed to get TFJob maml-run (kube context 'kind-gmeta-dev'): {MISLEADING}")
+
+
+def test_a_context_the_kubeconfig_lacks_whatever_kubectl_printed(fake):
+    """kubectl 1.32 says "context was not found for specified context" (the old code only knew
+    "context ... does not exist"); `config get-contexts -o name` lists the contexts."""
+    fake.mode("ok", context="kind-dev")
+    r = _invoke(job_group, ["status", "maml-run", "--context", "nope"])
+    _one_line_error(r, "kube context 'nope' does not exist in the kubeconfig", "its contexts: kind-gmeta-dev, prod-east")
+
+
+def test_a_cluster_without_the_operator_whatever_kubectl_printed(fake):
+    fake.mode("nocrd", context="minikube", says='error: unable to recognize "STDIN": unknown kind TFJob')
+    _one_line_error(_invoke(job_group, ["submit", *RENDER]), "'minikube' has no TFJob resource")
+    assert "api-resources --api-group kubeflow.org -o name" in " ".join(fake.calls())
+
+
+def test_a_user_without_the_right_is_told_by_auth_can_i(fake):
+    fake.mode("forbidden", context="kind-dev", says="Error from server: access denied")
+    r = _invoke(job_group, ["delete", "maml-run"])
+    _one_line_error(r, "not authorized to delete TFJob maml-run on the cluster of kube context 'kind-dev' "
+                       "(kubectl auth can-i delete tfjobs.kubeflow.org: no)")
+
+
+def test_a_failure_no_answer_explains_is_quoted_not_sorted(fake):
+    """The cluster answers, serves TFJobs, allows the call and has the job, yet kubectl failed with
+    words the old code sorted as "no TFJob resource" ("could not find the requested resource")."""
+    fake.tfjob_json(JOB)
+    line = "Error from server (NotFound): the server could not find the requested resource"
+    fake.mode("broken", context="kind-dev")
+    fake.setenv("FAKE_BROKEN", line)
+    r = _invoke(job_group, ["status", "maml-run"])
+    _one_line_error(r, f"kubectl failed to get TFJob maml-run (kube context 'kind-dev'): {line}")
+    assert "not found on the cluster" not in r.stderr and "has no TFJob resource" not in r.stderr
 
 
 def test_no_kubectl_and_no_client(tmp_path, monkeypatch):

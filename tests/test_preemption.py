@@ -51,7 +51,7 @@ def test_a_restarted_ps_is_named_with_the_cause_not_tensorflows_header():
     """The line a worker prints when a PS came back empty (issue 32: it said "Graph execution error:")."""
     import socket
 
-    from gmeta_tf.train.failures import lost_ps_error
+    from gmeta_tf.train.failures import lost_ps_error, step_failure
     from launch.local_cluster import free_ports
 
     alive = socket.socket()
@@ -59,11 +59,12 @@ def test_a_restarted_ps_is_named_with_the_cause_not_tensorflows_header():
     alive.listen()
     try:
         addr = f"127.0.0.1:{alive.getsockname()[1]}"
+        # (that the PS was restarted is the probe's finding: tests/test_failure_blame.py)
         err = lost_ps_error(tf.errors.InvalidArgumentError(None, None, TF_RESTARTED_PS),
-                            Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=[addr]), 112)
+                            Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=[addr]), 112, tasks=[0], restarted=True)
         down = f"127.0.0.1:{free_ports(1)[0]}"
-        gone = lost_ps_error(tf.errors.UnavailableError(None, None, "Graph execution error:\n\nSocket closed"),
-                             Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=[down]), 9)
+        gone = step_failure(tf.errors.UnavailableError(None, None, "Graph execution error:\n\nSocket closed"),
+                            Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=[down]), 9)
     finally:
         alive.close()
     assert isinstance(err, ClusterFaultError) and err.exit_code == EXIT_CLUSTER_FAULT
@@ -72,18 +73,6 @@ def test_a_restarted_ps_is_named_with_the_cause_not_tensorflows_header():
     assert "Unable to find a context_id matching the specified one" in text
     assert "Graph execution error" not in text and "[[" not in text
     assert f"lost ps:0 ({down}) at step 9: Socket closed. Restart the PS" in str(gone)
-
-
-def test_peer_failures_are_the_clusters_only_with_a_ps():
-    from gmeta_tf.train.failures import is_peer_failure
-
-    with_ps = Runtime(sync=LocalSync(), ps_tasks=1, ps_addresses=["127.0.0.1:1"])
-    assert is_peer_failure(tf.errors.UnavailableError(None, None, "Socket closed"), with_ps)
-    assert is_peer_failure(tf.errors.InvalidArgumentError(None, None, TF_RESTARTED_PS), with_ps)
-    # a model's own argument error is not blamed on the cluster
-    assert not is_peer_failure(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes: [3] vs [4]"), with_ps)
-    assert not is_peer_failure(tf.errors.UnavailableError(None, None, "x"), Runtime())  # no PS: nothing to blame
-    assert not is_peer_failure(ValueError("x"), with_ps)
 
 
 def test_the_launcher_blames_the_dead_ps_first_and_knows_a_preemption(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cluster_helpers import LAUNCH_LOCAL_SETS, LAUNCH_LOCAL_STEPS, free_ports, rank_summaries, run_gmeta
 
+from gmeta_tf import exit_codes
 from gmeta_tf.config.loader import load_config
 from gmeta_tf.evaluation.evaluate import evaluate
 from gmeta_tf.train.model_build import CONFIG_FILE
@@ -56,10 +57,10 @@ def _auc(run_dir):
     return evaluate(model, cfg, cfg.meta.algo)["auc"]
 
 
-def _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=None):
+def _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=None, pod_env=None):
     """Start every replica of ``tfjob`` as a local process, as the operator would; wait for the
     workers. Returns their exit codes and every pod's log lines. ``fault(pods)`` runs once every
-    pod is started (it may kill one)."""
+    pod is started (it may kill one); ``pod_env(replica, index)``: more environment for that pod."""
     conf_dir = Path(mounts["/etc/gmeta"])
     conf_dir.mkdir(parents=True, exist_ok=True)
     for key, text in configmap["data"].items():
@@ -83,6 +84,7 @@ def _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=None):
                 env["GMETA_GLOO_IFACE"] = "lo"
                 if replica == "ps":
                     env["GMETA_HEALTH_PORT"] = str(health_ports[i])
+                env.update(pod_env(replica, i) if pod_env is not None else {})
                 cluster.env.update(env)
                 argv = _local_argv([*container["command"], *container.get("args", [])], mounts)
                 pods.append(cluster.spawn(f"{replica}-{i}", argv, prefix=f"{replica}{i}"))
@@ -202,6 +204,52 @@ def test_a_lost_ps_pod_exits_retryable_and_the_restarted_pods_resume(data_dir, t
     assert codes == [0, 0], lines[-4000:]
     assert f"at step {done}" in lines, lines[-4000:]
     assert rank_summaries(run_dir)[0]["last_step"] == done + 4
+
+
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_lost_worker_pod_is_blamed_only_on_what_can_be_asked(data_dir, tmp_path, killed):
+    """Pods that share no disk for their status records (each its own ``GMETA_STATUS_DIR``), one
+    worker killed (SIGKILL) after the checkpoint at step 20; the PS answers throughout. Worker 1
+    asks worker 0's Gloo rendezvous, which worker 0 serves for its life: refused, so worker 0 is
+    named and the code is retried (200). Worker 0 has nothing to ask about worker 1: it exits 1
+    naming its error, not a guessed 200 (the old rule laid every dropped connection on the peers
+    by its type, and a TFJob restarts 200 for ever when the error is the rank's own)."""
+    import signal
+
+    cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.steps=2000",
+                                                  "train.checkpoint_every=20", "data.tasks_per_batch=8",
+                                                  "train.log_every=20"])
+    configmap, tfjob = render_manifests(cfg, image="gmeta-tf:test", workers=2, ps=1, gpus_per_worker=0,
+                                        name="emu-lost", checkpoint_pvc="ckpt", data=str(data_dir))
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    mounts = {"/etc/gmeta": str(tmp_path / "etc-gmeta"), "/ckpt": str(ckpt_dir)}
+    run_dir = ckpt_dir / "emu-lost"
+
+    def kill_worker_after_checkpoint_20(pods):
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoints" / "ckpt-00000020" / "meta.json").exists():
+            assert time.monotonic() < deadline, "no checkpoint at step 20"
+            time.sleep(0.2)
+        (worker,) = [p for p in pods if p.name == f"worker-{killed}"]
+        os.kill(worker.proc.pid, signal.SIGKILL)
+
+    def own_status_dir(replica, i):
+        return {"GMETA_STATUS_DIR": str(tmp_path / f"pod-{replica}-{i}" / "status")}
+
+    codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=kill_worker_after_checkpoint_20,
+                              pod_env=own_status_dir)
+    survivor = 1 - killed
+    assert codes[killed] in (-signal.SIGKILL, 128 + signal.SIGKILL), (codes, lines[-4000:])
+    if killed == 0:
+        assert codes[survivor] == exit_codes.CLUSTER_FAULT.code, (codes, lines[-4000:])
+        assert "rank 1: worker rank 0 stopped answering in a collective" in lines, lines[-4000:]
+        assert "its Gloo rendezvous at 127.0.0.1:" in lines and "refuses connections" in lines, lines[-4000:]
+    else:
+        assert codes[survivor] == exit_codes.FAILED.code, (codes, lines[-4000:])
+        assert "Whether a peer worker was lost cannot be told: no peer's status record is in reach" in lines, \
+            lines[-4000:]
+    assert "lost ps" not in lines, lines[-4000:]
 
 
 def test_entrypoint_rejects_missing_or_bad_tf_config(tmp_path):

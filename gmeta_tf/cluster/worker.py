@@ -22,7 +22,7 @@ import os
 import time
 from typing import Callable, Dict, List, Optional
 
-from gmeta_tf.cluster.tf_config import tf_config_from_env
+from gmeta_tf.cluster.tf_config import parse_tf_config, tf_config_from_env
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import ClusterError
 from gmeta_tf.plan.placement_file import TablePlacement, check_tasks, read_placement
@@ -73,6 +73,18 @@ def wait_for_rendezvous(env: Dict[str, str], timeout_s: float) -> None:
     if addr and port:
         wait_reachable([f"{addr}:{port}"], timeout_s, role="the Gloo rendezvous",
                        hint="it is served by worker 0 (horovodrun, or rank 0's 'gmeta k8s entrypoint'): is it running?")
+
+
+def rank0_rendezvous(env: Dict[str, str]) -> Optional[str]:
+    """The Gloo rendezvous named in ``env`` when worker 0 serves it: in a TFJob's worker (the
+    entrypoint's worker 0 serves it for its life, ``launch/tfjob_pod.py``), told by ``TF_CONFIG``
+    naming this process a worker. None under horovodrun, whose driver serves it."""
+    raw = env.get("TF_CONFIG", "")
+    tfc = parse_tf_config(raw) if raw.strip() else None
+    addr, port = env.get(RENDEZVOUS_ADDR_ENV), env.get(RENDEZVOUS_PORT_ENV)
+    if tfc is None or tfc.task_type != "worker" or not (addr and port):
+        return None
+    return f"{addr}:{port}"
 
 
 def load_placement(path: Optional[str]) -> Optional[Dict[str, TablePlacement]]:
@@ -192,4 +204,5 @@ def worker_runtime(cfg: Config, log: Callable[[str], None] = print, status_dir: 
              + (f" (auto, link {cfg.cluster.link_rate or 'rate unknown'})" if cfg.cluster.wire_dtype == "auto" else "")
              + (", dense gradients int8" if sync.dense_compression == "int8" and sync.size > 1 else ""))
     return Runtime(sync=sync, ps_tasks=len(ps), namespace=JOB_NAMESPACE if ps else None,
-                   placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps, start_gate=gate)
+                   placement=placement, bp_v2=bool(ps), log=rank_log, ps_addresses=ps, start_gate=gate,
+                   rank0_rendezvous=rank0_rendezvous(dict(os.environ)))

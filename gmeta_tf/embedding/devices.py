@@ -31,9 +31,3 @@ def ps_task_of(device: str) -> Optional[int]:
     """The PS task a device string names; None for a local device."""
     m = _PS_TASK.search(device)
     return int(m.group(1)) if m else None
-
-
-def ps_tasks_named(text: str) -> List[int]:
-    """Every PS task a (TensorFlow error) text mentions, sorted: a partitioned step's error names
-    each PS it was talking to."""
-    return sorted({int(m) for m in _PS_TASK.findall(text)})

@@ -10,9 +10,9 @@ last commit, leaves the ring and joins the one the driver re-forms without the l
   parameter servers, which keep every sparse update that landed, the lost worker's and the
   rolled-back steps' included (G-Meta's sparse updates are asynchronous anyway). Redone steps
   apply their sparse updates once more; the dense replicas are rolled back exactly.
-* ``run_elastic``'s translation of a failed step into Horovod's ``HorovodInternalError``: by the
-  exception's type (``failures.is_peer_failure``) and the PS answering, not by the op name in its
-  text (Horovod's ``hvd.elastic.run`` matches ``HorovodAllreduce`` in the message, which our
+* ``run_elastic``'s translation of a failed step into Horovod's ``HorovodInternalError``: by what
+  the peers' records and processes say and the PS answering (``failures.lost_peer``), not by the
+  op name in its text (Horovod's ``hvd.elastic.run`` matches ``HorovodAllreduce`` in the message, which our
   grouped all-reduce inside a compiled step does not carry). A lost PS is not a lost worker: it
   stays a ``ClusterFaultError``, every rank exits, and the launcher restarts from the checkpoint.
 

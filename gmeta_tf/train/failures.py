@@ -14,44 +14,41 @@ blame comes from what the other processes say, asked after the failure (``step_f
 * a peer whose status record says it exited, or whose process on this host is gone or stopped,
   is lost (``peer_evidence``); a peer that exited with an error of its own is not lost, the job
   failed there (``PeerFailed``);
-* none of these: the error is this rank's own, and it is raised as it is (not retryable).
+* worker 0's Gloo rendezvous (a TFJob's: worker 0 serves it for its life) refusing connections
+  says worker 0 is gone, where its record cannot (``Runtime.rank0_rendezvous``);
+* every peer's record says it runs and its process does (same host): the error is this rank's
+  own, and it is raised as it is (not retryable);
+* no answer either way (no peer record in reach: a run directory on an object store, a TFJob
+  without a shared disk; or peers on other hosts, whose processes cannot be looked at): who is at
+  fault is unknown, and the job fails with a non-retryable code naming the error
+  (``PeersUnknown``). Retrying on a guess would restart a rank's own error for ever (a TFJob's
+  ``restartPolicy: ExitCode`` restarts 200).
 
 Faults of the cluster are ``ClusterFaultError``: the exit code says "retry", and a restart
 (``gmeta launch local --max-restarts``, a TFJob's restart policy) resumes from the last
-checkpoint. Where no peer's record can be read (a TFJob's pods each keep their own), the peers
-cannot be asked: a collective's failure with every PS answering is then still laid on them, as
-before (``is_peer_failure``).
+checkpoint. Neither the exception's type nor its text decides any of this: every failure is
+looked into, and only the answers blame (the text is quoted, never read).
 """
 from __future__ import annotations
 
 import os
-import re
 import socket
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import tensorflow as tf
 
 from gmeta_tf import exit_codes
-from gmeta_tf.embedding.devices import ps_device, ps_tasks_named
-from gmeta_tf.errors import ClusterError, ClusterFaultError, tf_error_first_cause
+from gmeta_tf.embedding.devices import ps_device
+from gmeta_tf.errors import ClusterError, ClusterFaultError, UserError, tf_error_first_cause
 from gmeta_tf.process import process_start_unix
 from gmeta_tf.train.fault_pause import PausePoint
 from gmeta_tf.train.rank_status import ExitReason, RankStatus, read_processes
 from gmeta_tf.train.runtime import Runtime, reachable
 
-# What a lost PS or a stalled / killed peer rank raises in this rank, inside the step or in any
-# collective after it (the logged throughput's all-reduce, the validation verdict's broadcast,
-# the checkpoint's hot-row sync). Only these are looked into; anything else is this rank's own.
-PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
-                 tf.errors.InternalError, tf.errors.UnknownError, tf.errors.NotFoundError,
-                 tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError)
-# What a dropped connection raises (a peer gone mid-collective, a PS gone mid-request); argument
-# and precondition errors are a model's own unless a probe finds a PS restarted.
-TRANSPORT_FAILURES = (tf.errors.UnavailableError, tf.errors.CancelledError, tf.errors.AbortedError,
-                      tf.errors.InternalError, tf.errors.UnknownError)
 _RESUME = "re-run with the same --out to resume from the last checkpoint"
 # A peer's exits that are its own failure, not its loss: the job failed there.
 OWN_FAILURES = (ExitReason.CRASHED, ExitReason.USER_ERROR)
@@ -73,15 +70,19 @@ class PeerFailed(ClusterError):
     exit_code = exit_codes.FAILED.code
 
 
-def is_peer_failure(e: Exception, rt: Runtime) -> bool:
-    """The rule before issue 52, from the exception's type and text: whether ``e`` may be the
-    cluster's doing. Not used to blame any more (``step_failure`` asks the PS and the peers);
-    kept for callers that only want to know whether a failure is worth looking into."""
-    if not isinstance(e, PEER_FAILURES) or not rt.ps_tasks:
-        return False
-    if isinstance(e, (tf.errors.InvalidArgumentError, tf.errors.FailedPreconditionError, tf.errors.NotFoundError)):
-        return bool(re.search(r"/job:ps|context|[Cc]ontext_id|[Uu]navailable", str(e)))
-    return True
+class PeersUnknown(ClusterError):
+    """A failed step or collective with every PS answering, where no peer could be asked whether
+    it is gone (module docstring). Not retried: it may be this rank's own error."""
+
+    exit_code = exit_codes.FAILED.code
+
+
+def looked_into(e: BaseException) -> bool:
+    """Whether a failure may have its cause in another process, so that the PS and the peers are
+    asked: anything but gmeta's own typed errors, which already say whose they are (a
+    ``UserError`` names its file or address, a ``ClusterFaultError`` its PS, ``Preempted`` its
+    signal). Not a verdict: the answers decide."""
+    return isinstance(e, Exception) and not isinstance(e, UserError)
 
 
 def down_ps(rt: Runtime, settle_s: float = 2.0) -> List[int]:
@@ -133,6 +134,9 @@ class PeerEvidence:
     gone: List[RankStatus] = field(default_factory=list)  # exited, or its process is gone / stopped
     failed: List[RankStatus] = field(default_factory=list)  # exited with an error of its own
     visible: bool = False
+    # running on another host: their records say they run, their processes cannot be looked at
+    unverified: List[RankStatus] = field(default_factory=list)
+    rank0_gone: bool = False  # worker 0's rendezvous (``Runtime.rank0_rendezvous``) refuses connections
 
 
 def _process_gone(pid: int) -> Optional[str]:
@@ -145,23 +149,29 @@ def _process_gone(pid: int) -> Optional[str]:
     return {"Z": "gone", "X": "gone", "T": "stopped", "t": "stopped"}.get(state)
 
 
-def _peer_records(directory: Optional[str], me: RankStatus) -> List[RankStatus]:
+def _peer_records(directory: Optional[str], me: Optional[RankStatus]) -> List[RankStatus]:
+    if not directory or me is None:
+        return []
     return [r for r in read_processes(directory) if r.pid != os.getpid() and
             not (r.process is not None and r.process == me.process) and not (me.process is None and r.rank == me.rank)]
 
 
-def peer_evidence(directory: Optional[str], me: RankStatus, since_unix: float, ring_step: Optional[int] = None,
+def peer_evidence(directory: Optional[str], me: Optional[RankStatus], since_unix: float,
+                  ring_step: Optional[int] = None, rank0_rendezvous: Optional[str] = None,
                   settle_s: float = PEER_SETTLE_S, poll_s: float = 0.1) -> PeerEvidence:
     """The peers of this rank that are gone or failed, from their status records in
-    ``directory`` and, on this host, their processes. ``since_unix``: an exit counts when it is
-    this late (this process's start, or an elastic ring's last re-forming: a peer lost before was
-    the ring's business then). ``ring_step``: an elastic ring's last entry, whose members' records
-    say so (``ring``); None without elastic. Asked again for ``settle_s`` while nothing shows."""
+    ``directory`` and, on this host, their processes; and whether worker 0's rendezvous
+    (``rank0_rendezvous``, None where worker 0 serves none) still accepts connections.
+    ``since_unix``: an exit counts when it is this late (this process's start, or an elastic
+    ring's last re-forming: a peer lost before was the ring's business then). ``ring_step``: an
+    elastic ring's last entry, whose members' records say so (``ring``); None without elastic.
+    Asked again for ``settle_s`` while nothing shows; a record that explains worker 0's exit
+    (written just after its rendezvous closes) is waited for that long too."""
     host = socket.gethostname()
     deadline = time.monotonic() + settle_s
     while True:
         peers = _peer_records(directory, me)
-        gone, failed = [], []
+        gone, failed, unverified = [], [], []
         for r in peers:
             if r.exit is not None:
                 if r.updated_unix >= since_unix:
@@ -169,10 +179,19 @@ def peer_evidence(directory: Optional[str], me: RankStatus, since_unix: float, r
                 continue
             member = (r.ring and r.ring[-1][0] == ring_step) if ring_step is not None else \
                 r.updated_unix >= since_unix - START_SKEW_S
-            if member and r.host == host and _process_gone(r.pid):
+            if not member:
+                continue
+            if r.host != host:
+                unverified.append(r)
+            elif _process_gone(r.pid):
                 gone.append(r)
-        if gone or failed or time.monotonic() >= deadline or not peers:
-            return PeerEvidence(gone, failed, visible=bool(peers))
+        if gone or failed:
+            return PeerEvidence(gone, failed, visible=True)
+        settled = time.monotonic() >= deadline
+        # Without records nothing can contradict the rendezvous: it is asked at once.
+        rank0_gone = rank0_rendezvous is not None and (settled or not peers) and not reachable(rank0_rendezvous)
+        if rank0_gone or settled or (not peers and rank0_rendezvous is None):
+            return PeerEvidence([], [], visible=bool(peers), unverified=unverified, rank0_gone=rank0_gone)
         time.sleep(poll_s)
 
 
@@ -195,10 +214,10 @@ def step_failure(e: Exception, rt: Runtime, step: int, directory: Optional[str] 
                  me: Optional[RankStatus] = None, since_unix: Optional[float] = None,
                  ring_step: Optional[int] = None) -> Optional[Exception]:
     """What to raise for ``e``, a failed step or collective with parameter servers, from what the
-    PS and the peers say (module docstring); None when nothing elsewhere is at fault: ``e`` is
-    this rank's own and is raised as it is. ``directory``/``me``: the ranks' status records and
-    this rank's own (None: no peer can be asked)."""
-    if not isinstance(e, PEER_FAILURES) or not rt.ps_tasks:
+    PS and the peers say (module docstring); None when every peer runs and every PS answers: ``e``
+    is this rank's own and is raised as it is. ``directory``/``me``: the ranks' status records and
+    this rank's own (None: no peer's record can be read)."""
+    if not looked_into(e) or not rt.ps_tasks:
         return None
     down = down_ps(rt)
     if down:
@@ -211,16 +230,22 @@ def step_failure(e: Exception, rt: Runtime, step: int, directory: Optional[str] 
     if rt.size < 2:
         return None
     since = process_start_unix() if since_unix is None else since_unix
-    ev = peer_evidence(directory, me, since, ring_step) if directory and me is not None else PeerEvidence()
+    ev = peer_evidence(directory, me, since, ring_step, _rank0_rendezvous(rt))
     if ev.gone:
         return lost_peer_error(e, rt, step, ev.gone)
     if ev.failed:
         return peer_failed_error(e, rt, step, ev.failed[0])
-    if ev.visible:
-        return None  # every peer runs: the error is this rank's own
-    # No peer's record in reach (a TFJob's pods each keep their own): the peers cannot be asked,
-    # and with every PS fine a dropped connection can only be theirs.
-    return step_failure_error(e, rt, step) if isinstance(e, TRANSPORT_FAILURES) else None
+    if ev.rank0_gone:
+        return lost_rank0_error(e, rt, step)
+    if ev.visible and not ev.unverified:
+        return None  # every peer's record says it runs, and its process does: the error is this rank's own
+    # It may be this rank's own (a bug): its traceback stays in the log, the one line replaces it.
+    rt.log("".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip())
+    return peers_unknown_error(e, rt, step, ev)
+
+
+def _rank0_rendezvous(rt: Runtime) -> Optional[str]:
+    return rt.rank0_rendezvous if rt.rank != 0 else None
 
 
 def lost_peer(e: Exception, rt: Runtime, step: int, directory: Optional[str], me: RankStatus,
@@ -232,10 +257,11 @@ def lost_peer(e: Exception, rt: Runtime, step: int, directory: Optional[str], me
     from horovod.common.exceptions import HorovodInternalError
 
     horovod = isinstance(e, HorovodInternalError)
-    if not horovod and (not isinstance(e, PEER_FAILURES) or down_ps(rt)):
+    if not horovod and (not looked_into(e) or down_ps(rt)):
         return False
-    ev = peer_evidence(directory, me, process_start_unix() if since_unix is None else since_unix, ring_step)
-    if ev.gone:
+    ev = peer_evidence(directory, me, process_start_unix() if since_unix is None else since_unix, ring_step,
+                       _rank0_rendezvous(rt))
+    if ev.gone or ev.rank0_gone:
         return True
     if ev.failed:
         raise peer_failed_error(e, rt, step, ev.failed[0]) from None
@@ -257,33 +283,36 @@ def lost_peer_error(e: Exception, rt: Runtime, step: int, gone: List[RankStatus]
         f"({how}; every PS answers: {', '.join(rt.ps_addresses)}): {_cause(e)}. {_RESUME}")
 
 
-def step_failure_error(e: Exception, rt: Runtime, step: int) -> ClusterFaultError:
-    """A failed step where no peer can be asked (their records are out of reach), every PS
-    answering: the peer ranks are named (a stalled or killed peer makes this rank's dense
-    all-reduce time out; blaming the PS would send the user to restart a healthy process).
-    Without peers, or with a PS down, the PS (``lost_ps_error``)."""
-    if rt.size < 2 or down_ps(rt):
-        return lost_ps_error(e, rt, step)
-    peers = [r for r in range(rt.size) if r != rt.rank]
-    who = f"worker rank {peers[0]}" if len(peers) == 1 else "one of worker ranks " + ", ".join(map(str, peers))
+def lost_rank0_error(e: Exception, rt: Runtime, step: int) -> ClusterFaultError:
+    """Worker 0 gone, by its rendezvous: it serves it for its life (a TFJob's worker 0)."""
     return ClusterFaultError(
-        f"rank {rt.rank}: {who} stopped answering in a collective (all-reduce / broadcast) at step {step} "
-        f"(every PS answers: {', '.join(rt.ps_addresses)}): {_cause(e)}. Check that worker (stopped, "
-        f"hung or killed?); {_RESUME}")
+        f"rank {rt.rank}: worker rank 0 stopped answering in a collective (all-reduce / broadcast) at step {step} "
+        f"(its Gloo rendezvous at {rt.rank0_rendezvous} refuses connections; every PS answers: "
+        f"{', '.join(rt.ps_addresses)}): {_cause(e)}. {_RESUME}")
 
 
-def lost_ps_error(e: Exception, rt: Runtime, step: int, tasks: Optional[List[int]] = None,
-                  restarted: bool = False) -> ClusterFaultError:
-    """Turn a gRPC failure inside the step into one line that names the parameter server.
+def peers_unknown_error(e: Exception, rt: Runtime, step: int, ev: PeerEvidence) -> PeersUnknown:
+    """No answer blames a peer or the PS, and not every peer could be asked: the error named,
+    not retried (module docstring)."""
+    if ev.unverified:
+        ranks = ", ".join(str(_ring_rank(r)) for r in sorted(ev.unverified, key=_ring_rank))
+        hosts = ", ".join(sorted({str(r.host) for r in ev.unverified}))
+        why = (f"worker rank(s) {ranks} run on other hosts ({hosts}): their records say they run, and their "
+               "processes cannot be looked at from here")
+    else:
+        why = ("no peer's status record is in reach (the run directory is not on a disk the workers share; "
+               "GMETA_STATUS_DIR can name one)")
+    return PeersUnknown(
+        f"rank {rt.rank}: step {step} failed with every PS answering ({', '.join(rt.ps_addresses)}): {_cause(e)}. "
+        f"Whether a peer worker was lost cannot be told: {why}. Not retried, as it may be this rank's own "
+        f"error; if a worker was lost, {_RESUME}")
 
-    ``tasks``: the PS the probes found down, or ``restarted`` (``step_failure``); without them, the PS
-    that no longer accepts connections, else the one the error names. When every PS accepts
-    connections again, the one at fault was restarted (its tables are empty and this worker's
-    context on it is gone): that is said, with TensorFlow's own cause.
+
+def lost_ps_error(e: Exception, rt: Runtime, step: int, tasks: List[int], restarted: bool = False) -> ClusterFaultError:
+    """A failed step as one line that names the parameter servers the probes found at fault
+    (``step_failure``): ``tasks``, down or silent, or ``restarted`` (they answer again, but this
+    worker's context on them is gone, and with it their tables), with TensorFlow's own cause.
     """
-    if tasks is None:
-        down = down_ps(rt)
-        tasks, restarted = down or ps_tasks_named(str(e)), not down
     named = [f"ps:{t} ({rt.ps_addresses[t]})" for t in tasks if t < len(rt.ps_addresses)]
     who = ", ".join(named) or "a parameter server (" + ", ".join(rt.ps_addresses) + ")"
     state = "" if not restarted else (" (it answers again: restarted, so its tables are gone; training "

@@ -26,6 +26,10 @@ class Runtime:
     ps_addresses: List[str] = field(default_factory=list)
     # ``cluster.elastic``: rank 0 goes first through files, not barriers (``elastic.StartGate``)
     start_gate: Optional[object] = None
+    # ``host:port`` of the Gloo rendezvous worker 0 serves for its life (a TFJob's worker,
+    # ``launch/tfjob_pod.py``); None where a launcher serves it (horovodrun) or there is none.
+    # Its peers ask it after a failed collective: refusing connections, worker 0 is gone (``failures.py``).
+    rank0_rendezvous: Optional[str] = None
 
     @property
     def rank(self) -> int:

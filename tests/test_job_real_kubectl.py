@@ -1,0 +1,168 @@
+"""``gmeta job`` with the real kubectl and no ``kubernetes`` client: why a call failed comes from
+kubectl's data answers (issue 52, item 6), checked against kubectl itself rather than a fake.
+
+The API server is a small HTTP server on loopback: discovery (``/api``, ``/apis``, the resource
+lists), ``/version``, reads of TFJobs and pods, ``SelfSubjectAccessReview`` for ``auth can-i``,
+with Kubernetes' own status codes. kubectl then asks and prints exactly what it prints against a
+cluster; ``tests/test_job_tool.py``'s fake plays the same answers where kubectl is not installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from gmeta_tf.cli.job_cmd import job_group
+
+KUBECTL = shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+
+
+class _Api(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    groups = ["kubeflow.org"]
+    jobs = {"there"}
+    allowed = True
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, code, reason, message):
+        self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                          "code": code, "message": message})
+
+    def _resources(self, group_version, resources):
+        self._send(200, {"kind": "APIResourceList", "groupVersion": group_version, "resources": [
+            {"name": name, "singularName": name.rstrip("s") if "/" not in name else "", "namespaced": True,
+             "kind": kind, "verbs": ["get", "list", "create", "delete", "patch"]} for name, kind in resources]})
+
+    def do_GET(self):
+        path = self.path.split("?")[0].rstrip("/")
+        if path == "/version":
+            return self._send(200, {"major": "1", "minor": "30", "gitVersion": "v1.30.2"})
+        if path == "/api":
+            return self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+                {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+        if path == "/apis":
+            groups = [*self.groups, "authorization.k8s.io"]
+            return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
+                 "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"}} for g in groups]})
+        if path == "/api/v1":
+            return self._resources("v1", [("pods", "Pod"), ("pods/log", "Pod"), ("configmaps", "ConfigMap")])
+        if path == "/apis/kubeflow.org/v1" and "kubeflow.org" in self.groups:
+            return self._resources("kubeflow.org/v1", [("tfjobs", "TFJob")])
+        if path == "/apis/authorization.k8s.io/v1":
+            return self._send(200, {"kind": "APIResourceList", "groupVersion": "authorization.k8s.io/v1", "resources": [
+                {"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview", "namespaced": False,
+                 "kind": "SelfSubjectAccessReview", "verbs": ["create"]}]})
+        name = path.rsplit("/", 1)[-1]
+        if not self.allowed:
+            return self._status(403, "Forbidden", f'tfjobs.kubeflow.org "{name}" is forbidden: User "dev" cannot get '
+                                                  'resource "tfjobs" in API group "kubeflow.org"')
+        if "/tfjobs/" in path and name in self.jobs:
+            return self._send(200, {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+                                    "metadata": {"name": name, "namespace": "ml"}})
+        kind = "tfjobs.kubeflow.org" if "/tfjobs/" in path else "pods"
+        return self._status(404, "NotFound", f'{kind} "{name}" not found')
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if "selfsubjectaccessreviews" in self.path:
+            body["status"] = {"allowed": self.allowed, **({} if self.allowed else {"reason": "no RBAC rule allows it"})}
+            return self._send(201, body)
+        return self._status(404, "NotFound", "not found")
+
+    def do_DELETE(self):  # the job exists, but its deletion fails on the server
+        self._status(500, "InternalError", "etcdserver: request timed out")
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # no client: kubectl alone is asked
+    monkeypatch.setenv("HOME", str(tmp_path))  # kubectl's discovery cache, this test's own
+    monkeypatch.setenv("KUBECACHEDIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", os.path.dirname(KUBECTL))
+
+    class Api(_Api):
+        pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def kubeconfig(port):
+        path = tmp_path / "kubeconfig"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "dev",
+            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "dev", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}]}))
+        monkeypatch.setenv("KUBECONFIG", str(path))
+
+    kubeconfig(server.server_address[1])
+    Api.kubeconfig = staticmethod(kubeconfig)
+    yield Api
+    server.shutdown()
+    server.server_close()
+
+
+def _error(args):
+    r = CliRunner(mix_stderr=False).invoke(job_group, args)
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
+    return r.stderr
+
+
+def test_a_missing_job_and_pod(cluster):
+    assert "TFJob gone not found on the cluster of kube context 'dev' (namespace ml)" in _error(["status", "gone"])
+    assert "pod gone-ps-1 (TFJob gone, ps 1) not found on the cluster of kube context 'dev' (namespace ml)" in \
+        _error(["logs", "gone", "--replica", "ps", "--index", "1"])
+
+
+def test_a_cluster_without_the_training_operator(cluster):
+    cluster.groups = []
+    said = _error(["status", "x"])
+    assert "'dev' has no TFJob resource: install the Kubeflow training operator" in said, said
+
+
+def test_a_user_without_the_right(cluster):
+    cluster.allowed = False
+    said = _error(["status", "x"])
+    assert "not authorized to get TFJob x on the cluster of kube context 'dev' (kubectl auth can-i get " \
+           "tfjobs.kubeflow.org: no - no RBAC rule allows it)" in said, said
+
+
+def test_a_context_the_kubeconfig_lacks(cluster):
+    said = _error(["status", "x", "--context", "prod"])
+    assert "kube context 'prod' does not exist in the kubeconfig (its contexts: dev;" in said, said
+
+
+def test_an_api_server_that_does_not_answer(cluster):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    cluster.kubeconfig(closed)
+    said = _error(["status", "x"])
+    assert f"cannot reach the Kubernetes cluster of kube context 'dev' to get TFJob x: nothing accepts " \
+           f"connections at http://127.0.0.1:{closed}; kubectl: " in said, said
+
+
+def test_a_failure_no_answer_explains_is_kubectls_own_line(cluster):
+    said = _error(["delete", "there"])
+    assert said.startswith("error: kubectl failed to delete TFJob there (kube context 'dev'): ") and \
+        "etcdserver: request timed out" in said, said
