@@ -187,8 +187,8 @@ class _Plan:
         city_p = 1.0 / np.arange(1, N_CITIES + 1) ** 0.8
         self.city = rng.choice(N_CITIES, size=tasks, p=city_p / city_p.sum()).astype(np.int8)
         self.segment = rng.integers(0, N_SEGMENTS, tasks).astype(np.int8)
-        self.fav_device = rng.integers(0, N_DEVICES, tasks)
-        self.activity = np.log(sizes) + rng.normal(0, 0.3, tasks)
+        self.fav_device = rng.integers(0, N_DEVICES, tasks).astype(np.int8)
+        self.activity = (np.log(sizes) + rng.normal(0, 0.3, tasks)).astype(np.float32)  # only used as float32
         self.user_ids = rng.choice(10_000_000, size=tasks, replace=False).astype(np.int64) + 1
 
         # ---- samples: where each per-row array starts in the stream
@@ -207,10 +207,10 @@ class _Plan:
         self.st["gaps"] = rng.bit_generator.state
         span_lo, span_hi = np.empty(tasks, np.int64), np.empty(tasks, np.int64)
         for u0, u1 in self.chunks:  # walk the gaps: each user's first and last time after its start
-            c = self.rows(u0, u1)
-            gaps = rng.exponential(6 * 3600.0, c.m).astype(np.int64) + 1
-            span_lo[u0:u1], span_hi[u0:u1] = gaps[c.lst], np.add.reduceat(gaps, c.lst)
-            bar.update(c.m)
+            lst, m = self.starts[u0:u1] - self.starts[u0], int(sizes[u0:u1].sum())
+            gaps = rng.exponential(6 * 3600.0, m).astype(np.int64) + 1
+            span_lo[u0:u1], span_hi[u0:u1] = gaps[lst], np.add.reduceat(gaps, lst)
+            bar.update(m)
         self.first = T0 + rng.integers(0, 60 * 86400, tasks)
         self.ts_min, self.ts_max = int((self.first + span_lo).min()), int((self.first + span_hi).max())
         del span_lo, span_hi
@@ -287,7 +287,7 @@ def _zscore_pass(p: _Plan, work: Path, bar) -> tuple:
 def _zscored(p: _Plan, c: _Rows, item: np.ndarray, price: np.ndarray) -> list:
     """The three z-scored columns as float64, as ``_zscore`` saw them (log of a float32 price)."""
     age = (p.item_age[item] + c.frac * 30).astype(np.float32)
-    user_act = p.activity[c.user].astype(np.float32)
+    user_act = p.activity[c.user]
     return [np.log(price).astype(np.float64), age.astype(np.float64), user_act.astype(np.float64)]
 
 
