@@ -411,21 +411,21 @@ def stream(tasks: int, work: Path, seed: int = 0, kind: str = "click", zipf: flo
     _check(tasks, kind, zipf, day)
     if rows_per_chunk < 1 or rows_per_bucket < 1:
         raise ValueError(f"rows_per_chunk and rows_per_bucket must be >= 1, got {rows_per_chunk}, {rows_per_bucket}")
-    bar = tqdm(total=None, unit=" rows", unit_scale=True, desc="synth", file=sys.stderr,
+    bar = tqdm(total=None, unit=" rows", unit_scale=True, desc="synth plan", file=sys.stderr,
                disable=None if progress else True, leave=False)
     try:
-        bar.set_description("synth: plan")
+        bar.set_description("synth plan")
         p = _Plan(tasks, seed, kind, zipf, day, rows_per_chunk, bar)
         bar.reset(total=6 * p.n)
         bar.update(2 * p.n)
-        bar.set_description("synth: z-scores")
+        bar.set_description("synth z-scores")
         seen, hist, ms = _zscore_pass(p, work, bar)
         bucket_of_bin = (np.cumsum(hist) - hist) // rows_per_bucket
-        bar.set_description("synth: rows")
+        bar.set_description("synth rows")
         _label_pass(p, work, ms, bucket_of_bin, bar)
         tags = _tags(p, seen)
         label_col = columns_sidecar(kind)["label_col"]
-        bar.set_description("synth: sort")
+        bar.set_description("synth sort")
         for path in sorted(work.glob("bucket-*.bin"), key=lambda q: int(q.stem.split("-")[1])):
             rec = np.fromfile(path, dtype=_REC)
             path.unlink()
