@@ -100,7 +100,7 @@ def columns_sidecar(kind: str) -> Dict:
 
 SUM_BLOCK = 8192  # numpy's reduction buffer: np.sum(x) = sequential sum of pairwise sums of 8192-blocks
 ROWS_PER_CHUNK = 1 << 19  # rows generated at a time (whole users)
-ROWS_PER_BUCKET = 1 << 20  # rows sorted at a time (a time range)
+ROWS_PER_BUCKET = 1 << 19  # rows sorted at a time (a time range)
 TS_BINS = 1 << 14  # time histogram the buckets are cut from
 WORK_DIR = "_synth_work"  # spill files, inside the output's temp dir
 _DEVICE_NAMES = pa.array([f"dev_{i}" for i in range(N_DEVICES)], pa.string())
@@ -460,7 +460,9 @@ class _Files:
             k = self.rows - self.rows % self.rows_per_file
             for start in range(0, k, self.rows_per_file):
                 self._write(whole.slice(start, self.rows_per_file))
-            self.pending, self.rows = [whole.slice(k)], self.rows - k
+            # a copy of the rest: a slice would keep the whole bucket's buffers alive
+            rest = self.rows - k
+            self.pending, self.rows = [whole.slice(k).take(pa.array(np.arange(rest)))], rest
 
     def close(self) -> None:
         if self.rows:
