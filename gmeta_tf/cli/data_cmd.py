@@ -33,10 +33,12 @@ def data():
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @friendly_errors
 def synth_cmd(out, tasks, seed, kind, zipf, day, overwrite):
-    """Write synthetic sample-level Parquet + columns.json to OUT."""
+    """Write synthetic sample-level Parquet + columns.json to OUT (streamed: memory does not grow with
+    the rows; a progress line on stderr when it is a terminal)."""
     from gmeta_tf.data.synth import format_summary, synth
 
-    click.echo(format_summary(synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite, day=day)))
+    click.echo(format_summary(synth(out, tasks=tasks, seed=seed, kind=kind, zipf=zipf, overwrite=overwrite, day=day,
+                                    progress=True)))
 
 
 def _csv_list(value):
