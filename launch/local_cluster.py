@@ -40,12 +40,12 @@ from launch.outcomes import LaunchStopped, WorkersTimedOut
 from launch.processes import Child, end_children, spawn_child, stop_child
 from launch.ps_lifecycle import free_ports
 from launch.worker_launch import ElasticRing
+from ps.server import LAUNCHER_PID_ENV  # a PS started by a launcher exits when this pid is gone
 
 __all__ = ["LAUNCHER_PID_ENV", "LAUNCH_ID_ENV", "Child", "LaunchStopped", "LocalCluster", "WorkersTimedOut",
            "free_ports"]
 
 LAUNCH_ID_ENV = "GMETA_LAUNCH_ID"  # set on every child, so tests can prove none outlives a launch
-LAUNCHER_PID_ENV = "GMETA_LAUNCHER_PID"  # a PS started by a launcher exits when this pid is gone
 _STOP_MARGIN_S = 5.0  # past the ranks' grace period, before the launcher stops them itself
 _WATCH_S = 0.1
 
