@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from gmeta_tf.errors import ClusterError
-from launch import emulated_hosts
-from launch.local_cluster import Child, LaunchStopped, LocalCluster
+from launch import emulated_hosts, ps_lifecycle
+from launch.emulated_hosts import ps_host, worker_host
+from launch.local_cluster import Child, LocalCluster
 from launch.network.faults import NetworkFault
 from launch.network.netns import EmulatedNetwork
 
@@ -56,43 +56,32 @@ class EmulatedCluster(LocalCluster):
             raise ClusterError(f"the emulated network has no host(s) {', '.join(missing)}")
 
     def start_ps(self, count: int, timeout_s: float = 120.0, python: Optional[str] = None) -> List[str]:
-        """Start ``count`` PS, one on each host ``ps0..``, and wait until each has written its ready file."""
+        """Start ``count`` PS, one on each host ``ps0..``, and wait until each has written its ready
+        file (the launcher, in the root namespace, cannot reach a host's health port)."""
         self._need_hosts(emulated_hosts.host_names(0, count))
         self.ps_count = count
         spec = emulated_hosts.cluster_spec(self.net, 0, count)["ps"]
         with tempfile.TemporaryDirectory(prefix="gmeta-ready-") as ready_dir:
             started = []
             for i in range(count):
-                host, ready = f"ps{i}", os.path.join(ready_dir, f"ps{i}.ready")
+                host, ready = ps_host(i), os.path.join(ready_dir, f"{ps_host(i)}.ready")
                 argv = emulated_hosts.ps_argv(python or self.python, spec, i, ready)
-                started.append((self.spawn(f"ps:{i} ({spec[i]})", self.net.exec_argv(host, argv), prefix=host), ready))
-            deadline = time.monotonic() + timeout_s
-            for child, ready in started:
-                while not os.path.exists(ready):
-                    if self.stop_signals():
-                        raise LaunchStopped(self.stop_signals()[0])
-                    if child.proc.poll() is not None:
-                        raise ClusterError(f"{child.name} exited with code {child.proc.returncode} before it was ready")
-                    if time.monotonic() > deadline:
-                        raise ClusterError(f"{child.name} not ready after {timeout_s:.0f} s")
-                    time.sleep(0.2)
+                child = self.spawn(ps_lifecycle.ps_name(i, spec[i]), self.net.exec_argv(host, argv), prefix=host)
+                started.append((child, ps_lifecycle.file_probe(ready)))
+            ps_lifecycle.wait_ready(started, timeout_s, self.stop_signals)
         self.ps_addresses = spec
         self.log(f"[launch] {count} PS ready on emulated hosts: {', '.join(spec)}")
         return self.ps_addresses
 
     def train(self, workers: int, train_args: List[str], timeout_s: Optional[float] = None) -> int:
-        """Every worker runs ``gmeta k8s entrypoint train_args`` on its host. The entrypoint always
-        resumes, as a restarted pod does: ``--resume`` is what it does anyway, ``--no-resume``
-        cannot be honoured and is refused."""
-        if "--no-resume" in train_args:
-            raise ClusterError("--no-resume cannot be honoured on emulated hosts: the TFJob entrypoint always "
-                               "resumes; start from an empty --out instead")
+        """Every worker runs ``gmeta k8s entrypoint train_args`` on its host; the entrypoint always
+        resumes, as a restarted pod does (``emulated_hosts.entrypoint_args``)."""
+        args = emulated_hosts.entrypoint_args(train_args)
         self._need_hosts(emulated_hosts.host_names(workers, 0))
-        args = [a for a in train_args if a != "--resume"]
         self.start_ranks()
         self.workers = []
         for i in range(workers):
-            host = f"worker{i}"
+            host = worker_host(i)
             env = {**emulated_hosts.worker_env(self.net, workers, self.ps_count, i), **self.rank_env()}
             child = self.spawn(f"worker:{i} ({self.net.address(host)})",
                                self.net.exec_argv(host, emulated_hosts.worker_argv(self.python, args)),

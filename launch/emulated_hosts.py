@@ -18,29 +18,53 @@ job (``gmeta launch local --network`` and the network bench alike).
 from __future__ import annotations
 
 import json
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from gmeta_tf.cluster.worker import WORKER_ADDRESS_ENV
+from gmeta_tf.errors import ClusterError
 from launch.network.netns import HOST_IFACE, EmulatedNetwork
-from launch.tfjob_ports import RENDEZVOUS_PORT, TFJOB_PORT
+from launch.ps_lifecycle import ps_serve_argv
+from launch.tfjob_ports import GLOO_IFACE_ENV, RENDEZVOUS_PORT, RENDEZVOUS_PORT_ENV, TFJOB_PORT
 
 PS_PORT = TFJOB_PORT  # each host is its own namespace: every PS and worker on the TFJob port
 WORKER_PORT = TFJOB_PORT
 
 
+def ps_host(index: int) -> str:
+    """PS ``index``'s host (its namespace, and its prefix in logs)."""
+    return f"ps{index}"
+
+
+def worker_host(index: int) -> str:
+    """Worker ``index``'s host (its namespace, and its prefix in logs)."""
+    return f"worker{index}"
+
+
 def host_names(workers: int, ps: int) -> List[str]:
     """The emulated hosts of a job: ``ps0..``, then ``worker0..`` (their names in logs)."""
-    return [f"ps{i}" for i in range(ps)] + [f"worker{i}" for i in range(workers)]
+    return [ps_host(i) for i in range(ps)] + [worker_host(i) for i in range(workers)]
 
 
 def cluster_spec(net: EmulatedNetwork, workers: int, ps: int) -> Dict[str, List[str]]:
-    return {"ps": [f"{net.address(f'ps{i}')}:{PS_PORT}" for i in range(ps)],
-            "worker": [f"{net.address(f'worker{i}')}:{WORKER_PORT}" for i in range(workers)]}
+    return {"ps": [f"{net.address(ps_host(i))}:{PS_PORT}" for i in range(ps)],
+            "worker": [f"{net.address(worker_host(i))}:{WORKER_PORT}" for i in range(workers)]}
 
 
 def ps_argv(python: str, ps_hosts: List[str], index: int, ready_file: str) -> List[str]:
-    return [python, "-m", "gmeta_tf.cli.main", "ps", "serve", "--ps-hosts", ",".join(ps_hosts),
-            "--index", str(index), "--ready-file", ready_file]
+    """A PS host's ``gmeta ps serve``, ready when it wrote ``ready_file``."""
+    return ps_serve_argv(python, ps_hosts, index, ready_file=ready_file)
+
+
+def entrypoint_args(train_args: Sequence[str]) -> List[str]:
+    """``gmeta train``'s arguments as a host's entrypoint takes them. The entrypoint always resumes,
+    as a restarted pod does: ``--resume`` is what it does anyway (dropped), ``--no-resume`` cannot
+    be honoured and is refused (``ClusterError``), by the launch before any host starts and by the
+    cluster itself for a caller that starts one directly."""
+    if "--no-resume" in train_args:
+        raise ClusterError("--no-resume cannot be honoured with --network: each emulated host runs the TFJob "
+                           "entrypoint, which always resumes (a restarted pod continues its job); start from "
+                           "an empty --out instead")
+    return [a for a in train_args if a != "--resume"]
 
 
 def worker_argv(python: str, entrypoint_args: List[str]) -> List[str]:
@@ -49,7 +73,6 @@ def worker_argv(python: str, entrypoint_args: List[str]) -> List[str]:
 
 def worker_env(net: EmulatedNetwork, workers: int, ps: int, index: int) -> Dict[str, str]:
     """What worker ``index``'s pod would get, plus the address it joins the TF cluster as."""
-    host = f"worker{index}"
     return {"TF_CONFIG": json.dumps({"cluster": cluster_spec(net, workers, ps), "task": {"type": "worker", "index": index}}),
-            "GMETA_RENDEZVOUS_PORT": str(RENDEZVOUS_PORT), "GMETA_GLOO_IFACE": HOST_IFACE,
-            WORKER_ADDRESS_ENV: f"{net.address(host)}:{WORKER_PORT}"}
+            RENDEZVOUS_PORT_ENV: str(RENDEZVOUS_PORT), GLOO_IFACE_ENV: HOST_IFACE,
+            WORKER_ADDRESS_ENV: f"{net.address(worker_host(index))}:{WORKER_PORT}"}

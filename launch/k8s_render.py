@@ -36,7 +36,15 @@ from gmeta_tf import exit_codes
 from gmeta_tf.config.loader import config_to_dict
 from gmeta_tf.config.schema import Config
 from gmeta_tf.errors import UserError
-from launch.tfjob_ports import HEALTH_PORT, RENDEZVOUS_PORT, TFJOB_PORT
+from launch.tfjob_ports import (
+    GLOO_IFACE_ENV,
+    HEALTH_PORT,
+    HEALTH_PORT_ENV,
+    POD_IFACE,
+    RENDEZVOUS_PORT,
+    RENDEZVOUS_PORT_ENV,
+    TFJOB_PORT,
+)
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 CRD_ENV = "GMETA_TFJOB_CRD"
@@ -46,7 +54,7 @@ CONFIG_DIR = "/etc/gmeta"
 CONFIG_KEY = "config.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 CHECKPOINT_MOUNT = "/ckpt"
-GLOO_IFACE = "eth0"
+GLOO_IFACE = POD_IFACE
 # The image's user and group (Dockerfile: USER 1000:1000). Volumes of a pod with fsGroup are
 # group-writable by it, so the non-root image can write its checkpoints to a fresh PVC.
 IMAGE_GID = 1000
@@ -135,6 +143,45 @@ def _check_quantity(flag: str, value: str) -> str:
     return value
 
 
+def _check_counts(workers: int, ps: int, gpus_per_worker: int, backoff_limit: int) -> None:
+    for flag, value, low in (("--workers", workers, 1), ("--ps", ps, 1), ("--gpus-per-worker", gpus_per_worker, 0),
+                             ("--backoff-limit", backoff_limit, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise UserError(f"{flag} must be an integer >= {low}, got {value!r}")
+
+
+def _check_places(image: str, checkpoint_pvc: Optional[str], checkpoint_uri: Optional[str],
+                  namespace: Optional[str], gang_scheduler: Optional[str]) -> None:
+    """The image, the one checkpoint location, the namespace and the gang scheduler, each by its flag."""
+    if not image or not isinstance(image, str) or any(c.isspace() for c in image):
+        raise UserError(f"--image {image!r} is not a container image reference (e.g. registry/gmeta-tf:0.1.0)")
+    if checkpoint_pvc and checkpoint_uri:
+        raise UserError("give one of --checkpoint-pvc and --checkpoint-uri, not both")
+    if not checkpoint_pvc and not checkpoint_uri:
+        raise UserError("a checkpoint location is required: --checkpoint-pvc CLAIM (a PersistentVolumeClaim "
+                        f"mounted at {CHECKPOINT_MOUNT}) or --checkpoint-uri gs://bucket/run")
+    if checkpoint_pvc and not _DNS1123_SUBDOMAIN.match(checkpoint_pvc):
+        raise UserError(f"--checkpoint-pvc {checkpoint_pvc!r} is not a valid PersistentVolumeClaim name")
+    if checkpoint_uri and not _URI.match(checkpoint_uri):
+        raise UserError(f"--checkpoint-uri {checkpoint_uri!r} must be a URI such as gs://bucket/run "
+                        "(for a path on a volume use --checkpoint-pvc)")
+    if namespace is not None and not _DNS1123_LABEL.match(namespace):
+        raise UserError(f"--namespace {namespace!r} is not a valid Kubernetes namespace name")
+    if gang_scheduler is not None and gang_scheduler not in GANG_SCHEDULERS:
+        raise UserError(f"--gang-scheduler {gang_scheduler!r}: expected one of {', '.join(GANG_SCHEDULERS)}")
+
+
+def _replicas(workers: int, ps: int, gpus_per_worker: int, worker_cpu: str, worker_memory: str, ps_cpu: str,
+              ps_memory: str) -> Dict[str, Dict[str, Any]]:
+    """Each replica type's count and resources, the quantities checked."""
+    return {
+        "Worker": {"count": workers, "cpu": _check_quantity("--worker-cpu", worker_cpu),
+                   "memory": _check_quantity("--worker-memory", worker_memory), "gpus": gpus_per_worker},
+        "PS": {"count": ps, "cpu": _check_quantity("--ps-cpu", ps_cpu),
+               "memory": _check_quantity("--ps-memory", ps_memory), "gpus": 0},
+    }
+
+
 def render_manifests(
     cfg: Config,
     *,
@@ -160,33 +207,9 @@ def render_manifests(
     inside a TFJob the PS addresses come from ``TF_CONFIG``, and a ``cluster.ps`` in the config
     would take precedence over it). Raises ``UserError`` naming the bad input.
     """
-    for flag, value, low in (("--workers", workers, 1), ("--ps", ps, 1), ("--gpus-per-worker", gpus_per_worker, 0),
-                             ("--backoff-limit", backoff_limit, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise UserError(f"{flag} must be an integer >= {low}, got {value!r}")
-    if not image or not isinstance(image, str) or any(c.isspace() for c in image):
-        raise UserError(f"--image {image!r} is not a container image reference (e.g. registry/gmeta-tf:0.1.0)")
-    if checkpoint_pvc and checkpoint_uri:
-        raise UserError("give one of --checkpoint-pvc and --checkpoint-uri, not both")
-    if not checkpoint_pvc and not checkpoint_uri:
-        raise UserError("a checkpoint location is required: --checkpoint-pvc CLAIM (a PersistentVolumeClaim "
-                        f"mounted at {CHECKPOINT_MOUNT}) or --checkpoint-uri gs://bucket/run")
-    if checkpoint_pvc and not _DNS1123_SUBDOMAIN.match(checkpoint_pvc):
-        raise UserError(f"--checkpoint-pvc {checkpoint_pvc!r} is not a valid PersistentVolumeClaim name")
-    if checkpoint_uri and not _URI.match(checkpoint_uri):
-        raise UserError(f"--checkpoint-uri {checkpoint_uri!r} must be a URI such as gs://bucket/run "
-                        "(for a path on a volume use --checkpoint-pvc)")
-    if namespace is not None and not _DNS1123_LABEL.match(namespace):
-        raise UserError(f"--namespace {namespace!r} is not a valid Kubernetes namespace name")
-    if gang_scheduler is not None and gang_scheduler not in GANG_SCHEDULERS:
-        raise UserError(f"--gang-scheduler {gang_scheduler!r}: expected one of {', '.join(GANG_SCHEDULERS)}")
-    resources = {
-        "Worker": {"count": workers, "cpu": _check_quantity("--worker-cpu", worker_cpu),
-                   "memory": _check_quantity("--worker-memory", worker_memory), "gpus": gpus_per_worker},
-        "PS": {"count": ps, "cpu": _check_quantity("--ps-cpu", ps_cpu),
-               "memory": _check_quantity("--ps-memory", ps_memory), "gpus": 0},
-    }
-
+    _check_counts(workers, ps, gpus_per_worker, backoff_limit)
+    _check_places(image, checkpoint_pvc, checkpoint_uri, namespace, gang_scheduler)
+    resources = _replicas(workers, ps, gpus_per_worker, worker_cpu, worker_memory, ps_cpu, ps_memory)
     data = data or cfg.data.path
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=data),
                               cluster=dataclasses.replace(cfg.cluster, ps=[]))
@@ -199,25 +222,13 @@ def render_manifests(
     configmap = _render("configmap.yaml.j2", configmap_name=configmap_name, namespace=namespace, labels=labels,
                         config_yaml=config_yaml(cfg))
     tfjob = _render(
-        "tfjob.yaml.j2",
-        name=name,
-        namespace=namespace,
-        labels=labels,
-        image=image,
-        command=entrypoint_command(run_dir, data),
-        env=container_env(),
+        "tfjob.yaml.j2", name=name, namespace=namespace, labels=labels, image=image,
+        command=entrypoint_command(run_dir, data), env=container_env(),
         ports={"tfjob": TFJOB_PORT, "rendezvous": RENDEZVOUS_PORT, "health": HEALTH_PORT},
-        replicas=resources,
-        restart_policy=RESTART_POLICY,
-        termination_grace_s=termination_grace_s(cfg),
-        backoff_limit=backoff_limit,
-        scheduler_name=GANG_SCHEDULERS.get(gang_scheduler) if gang_scheduler else None,
-        min_available=workers + ps,
-        configmap_name=configmap_name,
-        config_dir=CONFIG_DIR,
-        checkpoint_pvc=checkpoint_pvc,
-        checkpoint_mount=CHECKPOINT_MOUNT,
-        fs_group=IMAGE_GID,
+        replicas=resources, restart_policy=RESTART_POLICY, termination_grace_s=termination_grace_s(cfg),
+        backoff_limit=backoff_limit, scheduler_name=GANG_SCHEDULERS.get(gang_scheduler) if gang_scheduler else None,
+        min_available=workers + ps, configmap_name=configmap_name, config_dir=CONFIG_DIR,
+        checkpoint_pvc=checkpoint_pvc, checkpoint_mount=CHECKPOINT_MOUNT, fs_group=IMAGE_GID,
     )
     return [configmap, tfjob]
 
@@ -261,9 +272,9 @@ def container_env() -> Dict[str, str]:
         # gmeta itself needs no help (importing gmeta_tf sets it); this is for any other Python in
         # the pod that imports TensorFlow first (horovodrun's checks, a debugging shell).
         "TF_USE_LEGACY_KERAS": "1",
-        "GMETA_RENDEZVOUS_PORT": str(RENDEZVOUS_PORT),
-        "GMETA_HEALTH_PORT": str(HEALTH_PORT),
-        "GMETA_GLOO_IFACE": GLOO_IFACE,
+        RENDEZVOUS_PORT_ENV: str(RENDEZVOUS_PORT),
+        HEALTH_PORT_ENV: str(HEALTH_PORT),
+        GLOO_IFACE_ENV: GLOO_IFACE,
         "PYTHONUNBUFFERED": "1",
     }
 

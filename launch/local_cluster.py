@@ -1,116 +1,53 @@
-"""One cluster on one host: M parameter servers plus ``horovodrun -np N`` (``launch/supervisor.py``
-decides what happens around it: restarts, stop signals; ``emulated_cluster.py`` puts the same
-processes on emulated hosts).
+"""One cluster on one host: M parameter servers plus ``horovodrun -np N``, composed from the
+launcher's parts: the processes (``processes.py``: groups, prefixed output, teardown), the PS
+(``ps_lifecycle.py``: start, the one readiness wait), the workers (``worker_launch.py``:
+horovodrun, the rank agent, an elastic ring). What this class adds is the watch of one set of
+workers; ``supervisor.py`` decides what happens around it (restarts, stop signals), and
+``emulated_cluster.py`` puts the same processes on emulated hosts.
 
 What a user trusts this for:
 
-* PS processes listen on free loopback ports and are waited on through their readiness probe
-  (``ps/server.py``), never a sleep; a PS that dies before it is ready is named.
-* Every line of every process is streamed with a prefix (``[ps0]``; Horovod's own
-  ``[rank,...]<stdout>`` prefixes for the workers). Lines are only echoed: what the launcher
-  knows of a rank (its step, its checkpoint, why it exited) it reads from the rank's status
-  record (``gmeta_tf/train/rank_status.py``), never from text. Under ``horovodrun`` each rank runs
-  behind ``launch/rank_agent.py``, which records the exit of a rank killed by a signal.
+* Lines are only echoed: what the launcher knows of a rank (its step, its checkpoint, why it
+  exited) it reads from the rank's status record (``gmeta_tf/train/rank_status.py``), never
+  from text. Under ``horovodrun`` each rank runs behind ``launch/rank_agent.py``, which records
+  the exit of a rank killed by a signal.
 * A stop request (the launcher got a stop signal) is written as the stop file of the status
   directory, which every rank reads when it starts and at every step's vote: ranks that
   ``horovodrun`` has not started yet get it too, and all checkpoint at one agreed step. A second
   signal stops everything at once (``LaunchStopped``).
-* Teardown on success, failure and interruption: every child runs in its own process group and
-  the whole group gets SIGTERM, then SIGKILL after a grace period: no orphans.
-* A launcher killed outright (kill -9) runs no teardown, so each child also asks the kernel for
-  SIGTERM when the launcher dies (``prctl(PR_SET_PDEATHSIG)``), and a PS watches the launcher's
-  pid (``LAUNCHER_PID_ENV``) besides: the PS, holding the tables in memory, never outlives it.
+* Teardown on success, failure and interruption ends every child's whole process group, workers
+  first; a PS also watches the launcher's pid (``LAUNCHER_PID_ENV``), so the PS, holding the
+  tables in memory, never outlives a launcher killed outright.
 * What failed is readable afterwards (``rank_exits``, dead PS children, ``last_step_seen``),
   so the supervisor's message names the rank or PS at fault.
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import json
 import os
-import shlex
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from gmeta_tf import exit_codes
-from gmeta_tf.errors import ClusterError
-from gmeta_tf.quiet import NOISE
 from gmeta_tf.stop_signals import StopSignals
 from gmeta_tf.train import rank_status
 from gmeta_tf.train.rank_status import STATUS_DIR_ENV, STOP_FILE, STOP_FILE_ENV, RankStatus, StopRequest
-from launch.elastic_hosts import horovodrun_args, this_machine_names, worker_hosts, write_discovery
-from launch.horovodrun import argv as hvd_launch_argv
-from launch.rank_agent import RANK_ARGV_ENV, agent_argv
+from launch import ps_lifecycle, worker_launch
+from launch.outcomes import LaunchStopped, WorkersTimedOut
+from launch.processes import Child, end_children, spawn_child, stop_child
+from launch.ps_lifecycle import free_ports
+from launch.worker_launch import ElasticRing
+from ps.server import LAUNCHER_PID_ENV  # a PS started by a launcher exits when this pid is gone
+
+__all__ = ["LAUNCHER_PID_ENV", "LAUNCH_ID_ENV", "Child", "LaunchStopped", "LocalCluster", "WorkersTimedOut",
+           "free_ports"]
 
 LAUNCH_ID_ENV = "GMETA_LAUNCH_ID"  # set on every child, so tests can prove none outlives a launch
-LAUNCHER_PID_ENV = "GMETA_LAUNCHER_PID"  # a PS started by a launcher exits when this pid is gone
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)  # loaded before any fork
-
-
-def _die_with(parent: int):
-    """A ``preexec_fn``: SIGTERM this child when ``parent`` (the launcher) dies, however it dies.
-    If the launcher is already gone when the child gets here, the child exits at once, with the
-    code the death signal would have given it a moment later."""
-    def setup() -> None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(exit_codes.signal_exit(signal.SIGTERM))
-    return setup
-
-
-class WorkersTimedOut(ClusterError):
-    """The workers were still running when the launch's time-out (``--timeout``) ran out; they
-    have been stopped. A type, not a number: the old 124 returned in place of a process's code
-    could be read as a worker's own. Uncaught, it exits ``TIMED_OUT`` (124) as the launch does."""
-
-    exit_code = exit_codes.TIMED_OUT.code
-
-    def __init__(self, timeout_s: float):
-        super().__init__(f"workers still running after {timeout_s:.0f} s: stopped")
-        self.timeout_s = timeout_s
-
-
-class LaunchStopped(KeyboardInterrupt):
-    """The launcher was stopped by ``signum`` before (or without) a preemption checkpoint: a stop
-    signal while the PS start or during a restart's back-off, or a second one."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"signal {signum}")
-        self.signum = signum
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
-    """``n`` distinct ports that were free a moment ago (held open together while picking)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    lines: List[str] = field(default_factory=list)
-    thread: Optional[threading.Thread] = None
-    stopping: bool = False
-    rank: Optional[int] = None  # a worker rank the launcher started itself (no horovodrun)
+_STOP_MARGIN_S = 5.0  # past the ranks' grace period, before the launcher stops them itself
+_WATCH_S = 0.1
 
 
 class LocalCluster:
@@ -122,16 +59,10 @@ class LocalCluster:
                  grace_s: float = 10.0, elastic: bool = False, elastic_dir: Optional[str] = None,
                  elastic_cooldown_s: Optional[List[int]] = None, elastic_reset_limit: Optional[int] = None):
         self.log = log
-        # Horovod Elastic (``--elastic``): a lost rank is the ring's to absorb, not a failure here.
-        # ``elastic_dir`` holds the ring's host discovery script and host file
-        # (``launch/elastic_hosts.py``); ``elastic_cooldown_s`` is ``cluster.elastic_cooldown_s``,
-        # ``elastic_reset_limit`` ``cluster.elastic_reset_limit`` (horovodrun's ``--reset-limit``).
+        # Horovod Elastic (``--elastic``): a lost rank is the ring's to absorb, not a failure here
+        # (``launch/worker_launch.py``, ``ElasticRing``).
         self.elastic = elastic
-        self.elastic_dir = elastic_dir
-        self.elastic_cooldown_s = elastic_cooldown_s
-        self.elastic_reset_limit = elastic_reset_limit
-        self._lost_logged: List[tuple] = []  # (rank, pid) of each lost rank said
-        self._joined_logged: List[int] = []  # pids of the workers said to have joined the ring
+        self.ring = ElasticRing(elastic_dir, elastic_cooldown_s, elastic_reset_limit) if elastic else None
         self.launch_id = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex
         self.env = {**os.environ, **(env or {}), LAUNCH_ID_ENV: self.launch_id, "PYTHONUNBUFFERED": "1",
                     LAUNCHER_PID_ENV: str(os.getpid())}
@@ -161,47 +92,15 @@ class LocalCluster:
     # -- processes ----------------------------------------------------------------------------
     def spawn(self, name: str, argv: List[str], prefix: Optional[str] = None,
               env: Optional[Dict[str, str]] = None) -> Child:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**self.env, **(env or {})},
-                                start_new_session=True, text=True, bufsize=1,
-                                preexec_fn=_die_with(os.getpid()))
-        child = Child(name, proc)
-        tag = f"[{prefix}] " if prefix else ""
-
-        def pump():
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                if NOISE.search(line):  # TF start-up chatter of horovodrun and the ranks
-                    continue
-                child.lines.append(line)
-                if len(child.lines) > 2000:
-                    del child.lines[:1000]
-                with self._lock:
-                    self.log(f"{tag}{line}")
-
-        child.thread = threading.Thread(target=pump, daemon=True)
-        child.thread.start()
+        child = spawn_child(name, argv, {**self.env, **(env or {})}, self.log, self._lock, prefix=prefix)
         self.children.append(child)
         return child
 
     def start_ps(self, count: int, timeout_s: float = 120.0, python: str = sys.executable) -> List[str]:
-        from ps.server import wait_ready
-
-        ports = free_ports(2 * count)
-        grpc_ports, health_ports = ports[:count], ports[count:]
-        self.ps_addresses = [f"127.0.0.1:{p}" for p in grpc_ports]
-        ps_children = []
-        for i in range(count):
-            argv = [python, "-m", "gmeta_tf.cli.main", "ps", "serve", "--ps-hosts", ",".join(self.ps_addresses),
-                    "--index", str(i), "--health-port", str(health_ports[i])]
-            ps_children.append(self.spawn(f"ps:{i} ({self.ps_addresses[i]})", argv, prefix=f"ps{i}"))
-        for i, child in enumerate(ps_children):
-            try:
-                wait_ready(f"http://127.0.0.1:{health_ports[i]}/ready", timeout_s, child.proc,
-                           stop=lambda: bool(self.stop_signals()))
-            except InterruptedError:
-                raise LaunchStopped(self.stop_signals()[0]) from None
-            except (RuntimeError, TimeoutError) as e:
-                raise ClusterError(f"{child.name} did not become ready: {e}") from None
+        """``count`` PS on free loopback ports, each waited on through its readiness probe."""
+        addresses, started = ps_lifecycle.start_local_ps(self.spawn, count, python)
+        self.ps_addresses = addresses
+        ps_lifecycle.wait_ready(started, timeout_s, self.stop_signals)
         self.log(f"[launch] {count} PS ready: {', '.join(self.ps_addresses)}")
         return self.ps_addresses
 
@@ -209,29 +108,20 @@ class LocalCluster:
                     env: Optional[Dict[str, str]] = None, shown: Optional[List[str]] = None) -> int:
         """Run ``worker_argv`` as ``workers`` ranks under ``horovodrun`` to its end (``shown``: the
         command the log line names instead, when ``worker_argv`` wraps it)."""
-        if self.elastic:
-            hosts = worker_hosts(workers, this_machine_names())
-            directory = self.elastic_dir or os.path.join(self.status_dir or ".", "elastic")
-            args = horovodrun_args(workers, write_discovery(directory, hosts), self.elastic_cooldown_s,
-                                   reset_limit=self.elastic_reset_limit)
-        else:
-            args = ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
-        horovodrun = str(Path(sys.executable).with_name("horovodrun"))  # what the line shows: the same run
-        self.log(f"[launch] {shlex.join([horovodrun, *args, *(shown or worker_argv)])}")
-        argv = [*hvd_launch_argv(), *args, *worker_argv]  # horovodrun without its per-launch Gloo probe
+        args = worker_launch.ring_args(workers, self.ring, self.status_dir)
+        argv, line = worker_launch.horovodrun_command(args, worker_argv, shown)
+        self.log(line)
         return self.wait_workers([self.spawn("horovodrun", argv, env=env)], timeout_s)
 
     def train(self, workers: int, train_args: List[str], timeout_s: Optional[float] = None) -> int:
         """``gmeta train train_args`` as ``workers`` Horovod ranks against this cluster's PS, each
         behind ``launch/rank_agent.py`` when there is a status directory."""
-        argv = [sys.executable, "-m", "gmeta_tf.cli.main", "train", *train_args]
-        if self.ps_addresses:
-            argv += ["--ps", ",".join(self.ps_addresses)]
+        argv = worker_launch.train_argv(train_args, self.ps_addresses)
         if not self.status_dir:
             return self.run_workers(workers, argv, timeout_s)
         self.start_ranks()
-        env = {**self.rank_env(), RANK_ARGV_ENV: json.dumps(argv)}
-        return self.run_workers(workers, agent_argv(), timeout_s, env=env, shown=argv)
+        env = worker_launch.agent_env(self.rank_env(), argv)
+        return self.run_workers(workers, worker_launch.agent_argv(), timeout_s, env=env, shown=argv)
 
     def start_ranks(self) -> None:
         """Before a cluster's ranks start: the records and stop file of the one before go."""
@@ -239,6 +129,7 @@ class LocalCluster:
             os.makedirs(self.status_dir, exist_ok=True)
             rank_status.clear(self.status_dir)
 
+    # -- the watch of one set of workers --------------------------------------------------------
     def wait_workers(self, waited: List[Child], timeout_s: Optional[float] = None) -> int:
         """Wait for ``waited`` (horovodrun, or the workers themselves) to exit; their first
         non-zero code, or 0 (``DONE``); raises ``WorkersTimedOut`` at the time-out. A stop signal is delivered to every rank as
@@ -248,20 +139,8 @@ class LocalCluster:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         stop_deadline = None
         while any(c.proc.poll() is None for c in waited):
-            for c in self.ps_children():
-                if c.proc.poll() is not None and not c.stopping:
-                    c.stopping = True  # report once; the workers fail on their own, naming it
-                    self.first_failure_at = self.first_failure_at or time.time()
-                    self.log(f"[launch] {c.name} died ({exit_codes.describe(c.proc.returncode)})")
-            self._note_exits(waited)
-            self._end_survivors_of_a_lost_rank()
-            self.tick()
-            asked = self.stop_signals()
-            if len(asked) > 1:
-                raise LaunchStopped(asked[0])
-            if asked and stop_deadline is None:
-                self.deliver_stop(asked[0])
-                stop_deadline = time.monotonic() + self.stop_grace_s + 5.0
+            self._watch_once(waited)
+            stop_deadline = self._act_on_stops(stop_deadline)
             over = stop_deadline is not None and time.monotonic() > stop_deadline
             if over or (deadline is not None and time.monotonic() > deadline):
                 self.log("[launch] workers still running after the grace period: stopping them" if over else
@@ -272,7 +151,33 @@ class LocalCluster:
                     self._note_exits(waited)
                     raise WorkersTimedOut(timeout_s)
                 break
-            time.sleep(0.1)
+            time.sleep(_WATCH_S)
+        return self._first_code(waited)
+
+    def _watch_once(self, waited: List[Child]) -> None:
+        """One look at the cluster while the workers run: a dead PS, exits, a lost rank, faults."""
+        for c in self.ps_children():
+            if c.proc.poll() is not None and not c.stopping:
+                c.stopping = True  # report once; the workers fail on their own, naming it
+                self.first_failure_at = self.first_failure_at or time.time()
+                self.log(f"[launch] {c.name} died ({exit_codes.describe(c.proc.returncode)})")
+        self._note_exits(waited)
+        self._end_survivors_of_a_lost_rank()
+        self.tick()
+
+    def _act_on_stops(self, stop_deadline: Optional[float]) -> Optional[float]:
+        """A first stop signal is delivered (the deadline to stop the ranks by is returned); a
+        second raises ``LaunchStopped``."""
+        asked = self.stop_signals()
+        if len(asked) > 1:
+            raise LaunchStopped(asked[0])
+        if asked and stop_deadline is None:
+            self.deliver_stop(asked[0])
+            return time.monotonic() + self.stop_grace_s + _STOP_MARGIN_S
+        return stop_deadline
+
+    def _first_code(self, waited: List[Child]) -> int:
+        """The first non-zero exit among ``waited`` (in the order they exited), or ``DONE``."""
         self._note_exits(waited)
         for c in waited:
             if c.thread is not None:
@@ -299,17 +204,16 @@ class LocalCluster:
         Its agent records the death at once, so the survivors are killed here as soon as it is
         read; a restart follows from the last complete checkpoint, as it would have anyway. A
         rank that failed with a reason (a lost PS, a bad input) is left to end on its own: its
-        peers fail naming the same cause."""
+        peers fail naming the same cause. An elastic ring goes on without it (``ElasticRing``)."""
         if self._survivors_ended or self.stop_signals():
             return
-        if self.elastic:  # every process's record: a lost worker and the one that joined in its slot
+        if self.ring is not None:  # every process's record: a lost worker and the one that joined in its slot
             processes = self.process_records()
-            self._note_lost_elastic([r for r in processes
-                                     if r.exit is not None and r.exit.reason in rank_status.SILENT_EXITS])
-            self._note_joined_elastic(processes)
+            self.ring.note_lost([r for r in processes if _silent(r)], self.log)
+            self.ring.note_joined(processes, self.log)
             return
         records = self.rank_records()
-        lost = [r for r in records.values() if r.exit is not None and r.exit.reason in rank_status.SILENT_EXITS]
+        lost = [r for r in records.values() if _silent(r)]
         if not lost:
             return
         self._survivors_ended = True
@@ -323,41 +227,14 @@ class LocalCluster:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _note_lost_elastic(self, lost: List[RankStatus]) -> None:
-        """Under Horovod Elastic the survivors roll back to their last commit and go on as a
-        smaller ring: each lost rank (process) is said once, and nobody is ended."""
-        for r in lost:
-            if (r.rank, r.pid) not in self._lost_logged:
-                self._lost_logged.append((r.rank, r.pid))
-                self.log(f"[launch] worker rank {r.rank} {r.exit.message}: elastic, the other ranks go on "
-                         f"without it from their last commit")
-
-    def _note_joined_elastic(self, records: List[RankStatus]) -> None:
-        """A worker horovodrun started on a returned host (``cluster.elastic_cooldown_s``) says in its
-        record the commit it joined the running ring at (``joined_step``, ``ring``); said once."""
-        for r in records:
-            if r.joined_step is not None and r.ring and r.pid not in self._joined_logged:
-                self._joined_logged.append(r.pid)
-                _, rank, size = r.ring[0]
-                self.log(f"[launch] a new worker (pid {r.pid}) joined the elastic ring as rank {rank} of {size} "
-                         f"at the commit of step {r.joined_step}: the ring grew back")
-
     def elastic_outcome(self) -> Optional[str]:
-        """How an elastic ring that finished ended, from the ranks' records: the ring's size at the
-        end (the ranks that finished) and the workers lost and joined on the way."""
-        if not self.elastic:
-            return None
-        records = self.process_records()
-        self._note_joined_elastic(records)
-        done = [r for r in records if r.exit is not None and r.exit.reason is rank_status.ExitReason.DONE]
-        sizes = {r.ring[-1][2] for r in done if r.ring}
-        size = max(sizes) if sizes else len(done)
-        return (f"[launch] elastic: the ring finished with {size} rank(s); {len(self._lost_logged)} worker(s) lost, "
-                f"{len(self._joined_logged)} joined on a returned host")
+        """How an elastic ring that finished ended, from the ranks' records (None without one)."""
+        return None if self.ring is None else self.ring.outcome(self.process_records(), self.log)
 
     def tick(self) -> None:
         """Called every 0.1 s while the workers run (emulated clusters fire scheduled faults)."""
 
+    # -- stop requests --------------------------------------------------------------------------
     def stop_signals(self) -> List[int]:
         """The stop signals this launch got, in order (recorded by the launcher's handler)."""
         return self._stop_asked + (list(self.signals.received) if self.signals is not None else [])
@@ -374,13 +251,14 @@ class LocalCluster:
         if not self.status_dir:
             self.log(f"[launch] {name}: no status directory to ask the workers through: stopping them")
             for c in self.children:
-                if not c.name.startswith("ps:"):
+                if not ps_lifecycle.is_ps(c):
                     self._stop(c)
             return
         StopRequest(signum, time.time()).write(os.path.join(self.status_dir, STOP_FILE))
         self.log(f"[launch] {name}: asking every worker for a preemption checkpoint "
                  f"(grace {self.stop_grace_s:g} s)")
 
+    # -- what the ranks said ----------------------------------------------------------------------
     def rank_records(self) -> Dict[int, RankStatus]:
         """Every rank's status record, by rank (none without a status directory)."""
         return rank_status.read_all(self.status_dir)
@@ -404,45 +282,24 @@ class LocalCluster:
         return max(steps) if steps else None
 
     def ps_children(self) -> List[Child]:
-        return [c for c in self.children if c.name.startswith("ps:")]
+        return [c for c in self.children if ps_lifecycle.is_ps(c)]
 
     # -- teardown -----------------------------------------------------------------------------
     def _stop(self, child: Child) -> None:
-        child.stopping = True
-        if child.proc.poll() is not None:
-            return
-        try:
-            os.killpg(child.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            child.proc.wait(self.grace_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(child.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            child.proc.wait()
+        stop_child(child, self.grace_s)
 
     def teardown(self) -> None:
-        self._end(list(reversed(self.children)))  # workers first, then the PS
+        end_children(list(reversed(self.children)), self.grace_s)  # workers first, then the PS
 
     def teardown_workers(self) -> None:
         """End every process but the PS, and forget them and their exits: the cluster's PS serve
         the next set of workers (a restart after a lost worker, ``launch/supervisor.py``)."""
         ps = self.ps_children()
-        workers = [c for c in reversed(self.children) if c not in ps]
-        self._end(workers)
+        end_children([c for c in reversed(self.children) if c not in ps], self.grace_s)
         self.children = [c for c in self.children if c in ps]
         self.exit_order, self.first_failure_at, self._survivors_ended = [], None, False
 
-    def _end(self, children: List[Child]) -> None:
-        for child in children:
-            self._stop(child)
-            try:
-                os.killpg(child.proc.pid, signal.SIGKILL)  # anything the child left in its group
-            except (ProcessLookupError, PermissionError):
-                pass
-        for child in children:
-            if child.thread is not None:
-                child.thread.join(timeout=2)
+
+def _silent(r: RankStatus) -> bool:
+    """A rank that exited without a word of its own (``rank_status.SILENT_EXITS``)."""
+    return r.exit is not None and r.exit.reason in rank_status.SILENT_EXITS

@@ -1,7 +1,8 @@
 """``gmeta launch local``'s job as a whole: one cluster after another until the training ends.
 
-``local_cluster.py`` starts and stops one cluster (PS processes plus ``horovodrun``); this
-module decides what happens around it, the way ``torchrun --max-restarts`` does:
+``local_cluster.py`` starts and stops one cluster (PS processes plus ``horovodrun``) and
+``failures.py`` says why one ended; this module decides what happens around it, the way
+``torchrun --max-restarts`` does:
 
 * **A member dies** (a PS, a rank, ``horovodrun``): the rest are stopped as before. With
   ``max_restarts`` left, a fresh cluster is started after a back-off (new, empty PS on new
@@ -27,23 +28,29 @@ cause's code from ``gmeta_tf/exit_codes.py``: a dead PS is 200 here as in ``gmet
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from gmeta_tf import exit_codes
 from gmeta_tf.config.schema import ClusterConfig, check_elastic_cooldown
 from gmeta_tf.errors import ClusterError, JobFailed
 from gmeta_tf.stop_signals import StopSignals
-from gmeta_tf.train.rank_status import STATUS_DIR, ExitReason, RankExit, RankStatus
+from gmeta_tf.train.rank_status import STATUS_DIR
 from gmeta_tf.train.restarts import RESTARTS_ENV, Restart, encode, mark
-from launch.local_cluster import LaunchStopped, LocalCluster, WorkersTimedOut
-from launch.network.faults import parse_fault
-from launch.network.profile import format_rate, parse_profile
+from launch.failures import Failure
+from launch.failures import failure_of as _failure  # also read by tests under these names
+from launch.failures import stop_outcome as _stop_outcome
+from launch.failures import workers_only as _workers_only
+from launch.local_cluster import LocalCluster
+from launch.network.faults import NetworkFault, parse_fault
+from launch.network.profile import LinkProfile, format_rate, parse_profile
+from launch.outcomes import LaunchStopped, WorkersTimedOut
 
 __all__ = ["LaunchStopped", "RestartPolicy", "launch_local"]
 
@@ -63,112 +70,6 @@ class RestartPolicy:
 
     def backoff(self, attempt: int) -> float:
         return min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
-
-
-@dataclass
-class Failure:
-    """Why one cluster ended without finishing: the process at fault first, then the rest.
-    ``exit_code`` is that process's own (a restart record keeps it); ``job_code`` is what the
-    launch exits with (``exit_codes``)."""
-
-    problems: List[str]
-    exit_code: Optional[int]
-    job_code: int
-    timed_out: bool = False
-    failed_at: Optional[float] = None
-
-    @property
-    def cause(self) -> str:
-        return self.problems[0]
-
-
-def rank_problem(status: RankStatus) -> str:
-    """One rank's exit as the launcher says it; "checkpointed" only from a record saying so."""
-    e = status.exit
-    r = f"worker rank {status.rank}"
-    if e.reason is ExitReason.PREEMPTED:
-        return f"{r} was stopped by {e.signal} and checkpointed"
-    if e.reason is ExitReason.GRACE_EXPIRED:
-        return f"{r} was stopped by {e.signal} without a checkpoint (the grace period ran out)"
-    if e.reason is ExitReason.SECOND_SIGNAL:
-        return f"{r} was stopped by {e.signal} without a checkpoint (a second stop signal)"
-    return f"{r} failed ({exit_codes.describe(e.code)})"
-
-
-def job_code(e: RankExit) -> int:
-    """The launch's exit code for a rank's exit: a stop keeps its signal's code, a rank's own
-    mistake or bug keeps its code, a rank lost in any other way is a cluster fault."""
-    if e.reason in (ExitReason.PREEMPTED, ExitReason.GRACE_EXPIRED, ExitReason.SECOND_SIGNAL, ExitReason.USER_ERROR):
-        return e.code
-    if e.reason is ExitReason.CRASHED:
-        return exit_codes.FAILED.code
-    if e.reason is ExitReason.EXITED and not exit_codes.retryable(e.code):
-        return e.code
-    return exit_codes.CLUSTER_FAULT.code
-
-
-def _failure(cluster: LocalCluster, code: Union[int, WorkersTimedOut], timeout_s: Optional[float]) -> Optional[Failure]:
-    """None when the workers finished; else the failure, a dead PS first (the ranks' own
-    failures follow from it), then the first rank to fail (the others followed it). ``code`` is
-    what the wait ended with: the workers' code, or the time-out (a type, never read as a code)."""
-    timed_out = isinstance(code, WorkersTimedOut)
-    if timed_out:  # said with the launch's --timeout, not what was left of it at this start
-        code = None
-    problems, first_code, job, failed_at = [], None, None, cluster.first_failure_at
-    for c in cluster.ps_children():
-        if c.proc.poll() is not None:
-            problems.append(f"{c.name} died ({exit_codes.describe(c.proc.returncode)})")
-            first_code = first_code if first_code is not None else c.proc.returncode
-            job = job if job is not None else exit_codes.CLUSTER_FAULT.code
-    # Under Horovod Elastic a rank lost while horovodrun finished the job was absorbed by the ring.
-    exits = [] if cluster.elastic and code == exit_codes.DONE.code else cluster.rank_exits()
-    if exits:
-        problems.append(rank_problem(exits[0]))
-        first_code = first_code if first_code is not None else exits[0].exit.code
-        job = job if job is not None else job_code(exits[0].exit)
-        failed_at = min(failed_at or exits[0].updated_unix, exits[0].updated_unix)
-    if timed_out:
-        problems.append(f"timed out after {timeout_s:.0f} s")
-        job = exit_codes.TIMED_OUT.code
-    elif code != exit_codes.DONE.code and not problems:
-        problems.append(f"horovodrun failed ({exit_codes.describe(code)})")
-        first_code = code
-        job = exit_codes.FAILED.code
-    if not problems:
-        return None
-    return Failure(problems, first_code, job, timed_out=timed_out, failed_at=failed_at)
-
-
-def _workers_only(cluster: LocalCluster, failure: Failure) -> bool:
-    """A restart may keep the PS when every PS still runs and the fault was a worker's: a restore
-    clears and refills every table and slot on the PS (``embedding/table_files.restore_tables``),
-    so nothing the lost step left there survives into the resumed run (tests/faults/test_restarts.py
-    compares such a run with an uninterrupted one, rows and slots included). Saves the PS's start,
-    about 6 s of a recovery (docs/fault_tolerance.md)."""
-    if not cluster.keeps_ps_across_restarts or not cluster.ps_children():
-        return False
-    return all(c.proc.poll() is None for c in cluster.ps_children()) and not failure.timed_out
-
-
-def _stop_outcome(cluster: LocalCluster, workers: int) -> str:
-    """What the ranks did with a stop request, from their records."""
-    records = cluster.rank_records()
-    ranks = [records.get(r) for r in range(workers)]
-    if all(r is not None and r.exit is not None and r.exit.checkpointed for r in ranks):
-        return "the workers checkpointed and exited"
-    if all(r is not None and r.exit is not None and r.exit.reason is ExitReason.DONE for r in ranks):
-        return "the workers had finished"
-    problems = [f"{c.name} died ({exit_codes.describe(c.proc.returncode)})"
-                for c in cluster.ps_children() if c.proc.poll() is not None]
-    for r, status in enumerate(ranks):
-        if status is None:
-            problems.append(f"worker rank {r} never started")
-        elif status.exit is None:
-            problems.append(f"worker rank {r} was stopped without a checkpoint (no exit of its own: stopped "
-                            f"by the launcher after the grace period)")
-        elif not status.exit.checkpointed:
-            problems.append(rank_problem(status))
-    return "; ".join(problems)
 
 
 def _with_resume(train_argv: List[str]) -> List[str]:
@@ -219,6 +120,26 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     Returns 0 on success, or the exit code of the stop signal the launcher was sent; raises
     ``JobFailed`` naming every failed rank / PS otherwise, with its first cause's exit code.
     """
+    profile, faults = _check_launch(workers, ps, restarts, network, network_faults)
+    run_dir = run_dir or _run_dir_of(train_argv)
+    if elastic:
+        _check_elastic(workers, profile.emulated)
+        check_elastic_cooldown(elastic_cooldown_s)
+        train_argv = [*train_argv, "--set", "cluster.elastic=true"]
+    job = Job(workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s)
+    if profile.emulated:
+        return _launch_emulated(job, profile, faults, run_dir)
+    cooldown = None if elastic_cooldown_s is None else list(elastic_cooldown_s)
+    with _status_dir(run_dir) as status:
+        def local(env):
+            return LocalCluster(log=log, env=env, elastic=elastic, elastic_dir=_elastic_dir(run_dir, status),
+                                elastic_cooldown_s=cooldown, elastic_reset_limit=elastic_reset_limit)
+        return _supervise(job, local, status)
+
+
+def _check_launch(workers: int, ps: int, restarts: RestartPolicy, network: Optional[str],
+                  network_faults: Sequence[str]) -> Tuple[LinkProfile, List[NetworkFault]]:
+    """The counts, the restart policy and the network of a launch, refused before anything starts."""
     if workers < 1 or ps < 0:
         raise ClusterError(f"--workers must be >= 1 and --ps >= 0 (got {workers}, {ps})")
     if restarts.max_restarts < 0:
@@ -227,39 +148,28 @@ def launch_local(workers: int, ps: int, train_argv: List[str], log: Callable[[st
     faults = [parse_fault(f) for f in network_faults]
     if faults and not profile.emulated:
         raise ClusterError("--network-fault needs an emulated network (--network rate=... or a named profile)")
-    run_dir = run_dir or _run_dir_of(train_argv)
-    if elastic:
-        _check_elastic(workers, profile.emulated)
-        check_elastic_cooldown(elastic_cooldown_s)
-        train_argv = [*train_argv, "--set", "cluster.elastic=true"]
-    if not profile.emulated:
-        with _status_dir(run_dir) as status:
-            def local(env):
-                return LocalCluster(log=log, env=env, elastic=elastic, elastic_dir=_elastic_dir(run_dir, status),
-                                    elastic_cooldown_s=None if elastic_cooldown_s is None else list(elastic_cooldown_s),
-                                    elastic_reset_limit=elastic_reset_limit)
-            return _supervise(local, workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s,
-                              status)
-    if "--no-resume" in train_argv:
-        raise ClusterError("--no-resume cannot be honoured with --network: each emulated host runs the TFJob "
-                           "entrypoint, which always resumes (a restarted pod continues its job); start from "
-                           "an empty --out instead")
+    return profile, faults
+
+
+def _launch_emulated(job: Job, profile: LinkProfile, faults: List[NetworkFault], run_dir: str) -> int:
+    """Every PS and worker on an emulated host of its own (``launch/emulated_cluster.py``)."""
     from launch.emulated_cluster import EmulatedCluster
-    from launch.emulated_hosts import host_names
+    from launch.emulated_hosts import entrypoint_args, host_names
     from launch.network.netns import EmulatedNetwork, require_privilege, sweep_stale
 
+    entrypoint_args(job.train_argv)  # refuses --no-resume before any host starts
     require_privilege()
-    if profile.rate_bit_s is not None and not any(a.startswith("cluster.link_rate=") for a in train_argv):
+    if profile.rate_bit_s is not None and not any(a.startswith("cluster.link_rate=") for a in job.train_argv):
         # the planner's and model.hot_split: auto's network term read the link the job runs on
-        train_argv = [*train_argv, "--set", f"cluster.link_rate={format_rate(profile.rate_bit_s)}"]
-    sweep_stale(log)  # what a launcher killed with SIGKILL may have left, should its watchdog have failed
-    with EmulatedNetwork(host_names(workers, ps), profile, log=log) as net, _status_dir(run_dir) as status:
+        job = dataclasses.replace(job, train_argv=[*job.train_argv, "--set",
+                                                   f"cluster.link_rate={format_rate(profile.rate_bit_s)}"])
+    sweep_stale(job.log)  # what a launcher killed with SIGKILL may have left, should its watchdog have failed
+    with EmulatedNetwork(host_names(job.workers, job.ps), profile, log=job.log) as net, _status_dir(run_dir) as status:
         bad = [f.host for f in faults if f.host not in net.hosts]
         if bad:
             raise ClusterError(f"--network-fault names no host of this job: {', '.join(bad)} "
                                f"(hosts: {', '.join(net.hosts)})")
-        return _supervise(lambda env: EmulatedCluster(net, log=log, env=env, faults=faults),
-                          workers, ps, train_argv, log, timeout_s, ps_ready_timeout_s, restarts, grace_s, status)
+        return _supervise(job, lambda env: EmulatedCluster(net, log=job.log, env=env, faults=faults), status)
 
 
 def _elastic_dir(run_dir: str, status: str) -> str:
@@ -288,78 +198,127 @@ def _backoff(seconds: float, signals: StopSignals) -> None:
         time.sleep(min(0.1, max(end - time.monotonic(), 0.0)))
 
 
-def _supervise(make_cluster: Callable[[Optional[Dict[str, str]]], LocalCluster], workers: int, ps: int,
-               train_argv: List[str], log: Callable[[str], None], timeout_s: Optional[float],
-               ps_ready_timeout_s: float, restarts: RestartPolicy, grace_s: float, status_dir: str) -> int:
+@dataclass(frozen=True)
+class Job:
+    """What the restart loop needs of a launch, whatever kind of cluster it runs on."""
+
+    workers: int
+    ps: int
+    train_argv: List[str]
+    log: Callable[[str], None]
+    timeout_s: Optional[float]  # the whole job's, restarts included
+    ps_ready_timeout_s: float
+    restarts: RestartPolicy
+    grace_s: float  # the ranks' preemption grace period
+
+
+@dataclass
+class _Run:
+    """How one cluster's run ended: why (None: finished), the newest step a rank reported, when its
+    workers exited, what they did with a stop request, whether its PS are kept for the next."""
+
+    failure: Optional[Failure]
+    step: Optional[int]
+    exited: float
+    stop_outcome: str
+    keep_ps: bool = False
+
+
+MakeCluster = Callable[[Optional[Dict[str, str]]], LocalCluster]
+
+
+def _supervise(job: Job, make_cluster: MakeCluster, status_dir: str) -> int:
     """The restart loop of ``launch_local``, whatever kind of cluster ``make_cluster`` makes."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    deadline = None if job.timeout_s is None else time.monotonic() + job.timeout_s
     history: List[Restart] = []
     cluster: Optional[LocalCluster] = None  # kept across a restart when only workers were lost
     with StopSignals() as signals:
         try:
             while True:
                 mark(history, "relaunched")
+                new_ps = cluster is None and bool(job.ps)
                 if cluster is None:
                     cluster = make_cluster({RESTARTS_ENV: encode(history)} if history else None)
-                    cluster.watch_stops(signals, grace_s, status_dir)
-                    new_ps = bool(ps)
+                    cluster.watch_stops(signals, job.grace_s, status_dir)
                 else:
                     cluster.env[RESTARTS_ENV] = encode(history)
-                    new_ps = False
-                keep_ps = False
-                try:
-                    if new_ps:
-                        cluster.start_ps(ps, ps_ready_timeout_s)
-                        if history:
-                            mark(history, "ps_ready")
-                            cluster.env[RESTARTS_ENV] = encode(history)
-                    if signals.received:  # no rank started yet: nothing to checkpoint
-                        raise LaunchStopped(signals.first)
-                    left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
-                    try:
-                        code = cluster.train(workers, _with_resume(train_argv) if history else train_argv, left)
-                    except WorkersTimedOut as e:
-                        code = e
-                    exited = time.time()
-                    failure = _failure(cluster, code, timeout_s)
-                    step = cluster.last_step_seen()
-                    outcome = _stop_outcome(cluster, workers) if signals.received else ""
-                    keep_ps = (failure is not None and not signals.received and len(history) < restarts.max_restarts
-                               and _workers_only(cluster, failure))
-                finally:
-                    if keep_ps:
-                        cluster.teardown_workers()
-                    else:
-                        cluster.teardown()
-                if signals.received:
-                    log(f"[launch] stopped by {exit_codes.signal_name(signals.first)}: {outcome}")
-                    return exit_codes.signal_exit(signals.first)
-                if failure is None:
-                    outcome = cluster.elastic_outcome() if cluster is not None else None
-                    if outcome:
-                        log(outcome)
-                    return exit_codes.DONE.code
-                if failure.timed_out or len(history) >= restarts.max_restarts:
-                    raise JobFailed("launch failed: " + "; ".join(failure.problems)
-                                    + (f" (after {len(history)} restart(s))" if history else ""), failure.job_code)
-                if not keep_ps:
+                run = _run_cluster(job, cluster, new_ps, history, signals, deadline)
+                code = _job_end(job, cluster, run, history, signals)
+                if code is not None:
+                    return code
+                if not run.keep_ps:
                     cluster = None
-                attempt = len(history) + 1
-                wait = restarts.backoff(attempt)
-                history.append(Restart(attempt, failure.cause, failure.exit_code, step,
-                                       failure.failed_at or exited))
-                mark(history, "workers_exited", exited)
-                mark(history, "cluster_stopped")
-                log(f"[launch] restart {attempt}/{restarts.max_restarts}: {failure.cause}"
-                    + (f" (exit code {failure.exit_code})" if failure.exit_code is not None else "")
-                    + (f" at step {step}" if step is not None else "")
-                    + f"; {'new workers' if keep_ps else 'a new cluster'} in {wait:g} s, resuming from the "
-                      "latest complete checkpoint" + (" (the PS kept: a restore replaces all they hold)"
-                                                      if keep_ps else ""))
-                _backoff(wait, signals)
+                _restart(job, run, history, signals)
         except LaunchStopped:
-            log("[launch] interrupted: stopped every process")
+            job.log("[launch] interrupted: stopped every process")
             raise
         finally:
             if cluster is not None:  # the PS kept for a restart the launch did not get to (idempotent)
                 cluster.teardown()
+
+
+def _run_cluster(job: Job, cluster: LocalCluster, new_ps: bool, history: List[Restart], signals: StopSignals,
+                 deadline: Optional[float]) -> _Run:
+    """One cluster's run, from its PS start (``new_ps``) to its teardown: its workers only when the
+    next run keeps its PS (``_workers_only``), else everything."""
+    keep_ps = False
+    try:
+        if new_ps:
+            cluster.start_ps(job.ps, job.ps_ready_timeout_s)
+            if history:
+                mark(history, "ps_ready")
+                cluster.env[RESTARTS_ENV] = encode(history)
+        if signals.received:  # no rank started yet: nothing to checkpoint
+            raise LaunchStopped(signals.first)
+        left = None if deadline is None else max(deadline - time.monotonic(), 1.0)
+        try:
+            code = cluster.train(job.workers, _with_resume(job.train_argv) if history else job.train_argv, left)
+        except WorkersTimedOut as e:
+            code = e
+        exited = time.time()
+        failure = _failure(cluster, code, job.timeout_s)
+        run = _Run(failure, cluster.last_step_seen(), exited,
+                   _stop_outcome(cluster, job.workers) if signals.received else "")
+        keep_ps = run.keep_ps = (failure is not None and not signals.received
+                                 and len(history) < job.restarts.max_restarts and _workers_only(cluster, failure))
+        return run
+    finally:
+        if keep_ps:
+            cluster.teardown_workers()
+        else:
+            cluster.teardown()
+
+
+def _job_end(job: Job, cluster: LocalCluster, run: _Run, history: List[Restart], signals: StopSignals) -> Optional[int]:
+    """The launch's exit code when this run ends it: a stop signal's, or ``DONE``; raises
+    ``JobFailed`` when it failed with no restart left (or timed out); None: restart."""
+    if signals.received:
+        job.log(f"[launch] stopped by {exit_codes.signal_name(signals.first)}: {run.stop_outcome}")
+        return exit_codes.signal_exit(signals.first)
+    failure = run.failure
+    if failure is None:
+        outcome = cluster.elastic_outcome()
+        if outcome:
+            job.log(outcome)
+        return exit_codes.DONE.code
+    if failure.timed_out or len(history) >= job.restarts.max_restarts:
+        raise JobFailed("launch failed: " + "; ".join(failure.problems)
+                        + (f" (after {len(history)} restart(s))" if history else ""), failure.job_code)
+    return None
+
+
+def _restart(job: Job, run: _Run, history: List[Restart], signals: StopSignals) -> None:
+    """Record the restart about to happen (``train_summary.json`` gets it), say it, back off."""
+    failure = run.failure
+    attempt = len(history) + 1
+    wait = job.restarts.backoff(attempt)
+    history.append(Restart(attempt, failure.cause, failure.exit_code, run.step, failure.failed_at or run.exited))
+    mark(history, "workers_exited", run.exited)
+    mark(history, "cluster_stopped")
+    job.log(f"[launch] restart {attempt}/{job.restarts.max_restarts}: {failure.cause}"
+            + (f" (exit code {failure.exit_code})" if failure.exit_code is not None else "")
+            + (f" at step {run.step}" if run.step is not None else "")
+            + f"; {'new workers' if run.keep_ps else 'a new cluster'} in {wait:g} s, resuming from the "
+              "latest complete checkpoint" + (" (the PS kept: a restore replaces all they hold)"
+                                              if run.keep_ps else ""))
+    _backoff(wait, signals)

@@ -16,7 +16,14 @@ from typing import Dict, Optional
 
 from gmeta_tf.cluster.tf_config import TFConfig
 from gmeta_tf.errors import ClusterError
-from launch.tfjob_ports import HEALTH_PORT, RENDEZVOUS_PORT
+from launch.tfjob_ports import (
+    GLOO_IFACE_ENV,
+    HEALTH_PORT,
+    HEALTH_PORT_ENV,
+    POD_IFACE,
+    RENDEZVOUS_PORT,
+    RENDEZVOUS_PORT_ENV,
+)
 
 DEFAULT_RENDEZVOUS_PORT = RENDEZVOUS_PORT  # a pod's, unless GMETA_RENDEZVOUS_PORT says otherwise
 DEFAULT_HEALTH_PORT = HEALTH_PORT  # a PS pod's, unless GMETA_HEALTH_PORT says otherwise
@@ -32,6 +39,11 @@ def _int_env(env: Dict[str, str], key: str, default: int) -> int:
         raise ClusterError(f"{key}={raw!r} is not a port number") from None
 
 
+def health_port(env: Optional[Dict[str, str]] = None) -> int:
+    """A PS pod's readiness probe port: ``GMETA_HEALTH_PORT``, else the TFJob's."""
+    return _int_env(dict(os.environ if env is None else env), HEALTH_PORT_ENV, DEFAULT_HEALTH_PORT)
+
+
 def worker_hostnames(tfc: TFConfig):
     # One Horovod "host" per worker pod; names only need to differ (pods may share an IP in tests).
     return [f"worker-{i}" for i in range(len(tfc.workers))]
@@ -43,9 +55,9 @@ def worker_env(tfc: TFConfig, env: Optional[Dict[str, str]] = None) -> Dict[str,
     env = dict(os.environ if env is None else env)
     if not tfc.workers:
         raise ClusterError("TF_CONFIG cluster.worker is empty: a worker needs the worker list")
-    port = _int_env(env, "GMETA_RENDEZVOUS_PORT", DEFAULT_RENDEZVOUS_PORT)
+    port = _int_env(env, RENDEZVOUS_PORT_ENV, DEFAULT_RENDEZVOUS_PORT)
     host0 = tfc.workers[0].rsplit(":", 1)[0]
-    return rank_env(tfc.task_index, worker_hostnames(tfc), host0, port, env.get("GMETA_GLOO_IFACE", "eth0"))
+    return rank_env(tfc.task_index, worker_hostnames(tfc), host0, port, env.get(GLOO_IFACE_ENV, POD_IFACE))
 
 
 def start_rendezvous_if_rank0(tfc: TFConfig, env: Optional[Dict[str, str]] = None):
@@ -54,7 +66,7 @@ def start_rendezvous_if_rank0(tfc: TFConfig, env: Optional[Dict[str, str]] = Non
     env = dict(os.environ if env is None else env)
     if tfc.task_index != 0:
         return None
-    port = _int_env(env, "GMETA_RENDEZVOUS_PORT", DEFAULT_RENDEZVOUS_PORT)
+    port = _int_env(env, RENDEZVOUS_PORT_ENV, DEFAULT_RENDEZVOUS_PORT)
     try:
         return GlooRendezvous(worker_hostnames(tfc), port).start()
     except OSError as e:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from gmeta_tf.stop_signals import StopSignals
 
 log = logging.getLogger("gmeta.ps")
+LAUNCHER_PID_ENV = "GMETA_LAUNCHER_PID"  # set by the launcher that started this PS (launch/local_cluster.py)
 
 
 def load_tfra_kernels() -> List[str]:
@@ -84,7 +85,7 @@ def serve(ps_hosts: List[str], index: int, health_port: Optional[int] = None,
 
     from gmeta_tf.stop_signals import StopSignals
 
-    launcher = int(os.environ.get("GMETA_LAUNCHER_PID", "0") or 0)
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV, "0") or 0)
     # Installed before the server starts, so a stop asked during the start is kept for after it.
     with StopSignals() as signals:
         cluster = tf.train.ClusterSpec({"ps": ps_hosts})

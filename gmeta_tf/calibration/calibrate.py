@@ -109,14 +109,15 @@ def _ps_host(network: Optional[str]):
         return
     from gmeta_tf.cluster.worker import WORKER_ADDRESS_ENV
     from launch.emulated_cluster import EmulatedCluster
-    from launch.emulated_hosts import host_names
+    from launch.emulated_hosts import host_names, worker_host
     from launch.network.netns import EmulatedNetwork
     from launch.network.profile import parse_profile
 
     with EmulatedNetwork(host_names(1, 1), parse_profile(network)) as net:
         # the PS pulls the client's tensors from it: it must know an address it can route to
-        yield (EmulatedCluster(net, log=lambda m: None, grace_s=3.0), lambda argv: net.exec_argv("worker0", argv),
-               {WORKER_ADDRESS_ENV: net.address("worker0")})
+        client = worker_host(0)
+        yield (EmulatedCluster(net, log=lambda m: None, grace_s=3.0), lambda argv: net.exec_argv(client, argv),
+               {WORKER_ADDRESS_ENV: net.address(client)})
 
 
 def _run_chunk(configs: List[Dict], warmup: int, steps: int, timeout_s: float,

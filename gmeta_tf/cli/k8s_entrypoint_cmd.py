@@ -16,14 +16,14 @@ from gmeta_tf.cli.train_cmd import run_training, train_config, train_options
 def entrypoint_cmd(config_path, overrides, data, run_dir, algo, steps, resume, warm_start):
     """Serve as a PS or train as a Horovod worker, as TF_CONFIG says."""
     from gmeta_tf.cluster.tf_config import parse_tf_config
-    from launch.tfjob_pod import DEFAULT_HEALTH_PORT, _int_env, start_rendezvous_if_rank0, worker_env
+    from launch.tfjob_pod import health_port, start_rendezvous_if_rank0, worker_env
 
     tfc = parse_tf_config(os.environ.get("TF_CONFIG"))
     if tfc.task_type == "ps":
         from ps.server import serve
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        serve(tfc.ps, tfc.task_index, health_port=_int_env(os.environ, "GMETA_HEALTH_PORT", DEFAULT_HEALTH_PORT))
+        serve(tfc.ps, tfc.task_index, health_port=health_port())
         return
     cfg = train_config(config_path, overrides, data, algo, steps, ",".join(tfc.ps) if tfc.ps else None)
     os.environ.update(worker_env(tfc))

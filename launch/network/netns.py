@@ -42,11 +42,12 @@ from gmeta_tf.errors import NetworkEmulationError
 from launch.network import cleanup, watchdog
 from launch.network.cleanup import ETC_NETNS, list_namespaces
 from launch.network.profile import LinkProfile, format_rate
+from launch.tfjob_ports import POD_IFACE
 
 PREFIX = "gm"
 SUBNET_PREFIX = "10.77"  # RFC 1918; lives only inside namespaces this module creates
 SUBNET_BITS = 16
-HOST_IFACE = "eth0"  # what a pod calls its interface (GMETA_GLOO_IFACE's default)
+HOST_IFACE = POD_IFACE  # what a pod calls its interface (the Gloo ring's, launch/tfjob_ports.py)
 _BRIDGE_NS_SUFFIX = "0br"  # host names start with a letter, so this never collides
 _HOST_NAME = re.compile(r"^[a-z][a-z0-9]{0,15}$")  # validates a host name the caller gives
 _CAP_NET_ADMIN = 12
