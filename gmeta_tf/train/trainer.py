@@ -1,4 +1,4 @@
-"""The training loop shared by the embedded default and the distributed worker.
+"""The training run shared by the embedded default and the distributed worker.
 
 ``train`` takes a ``Runtime`` describing where it runs (rank / size / dense-gradient sync / PS
 tasks); nothing else differs between one process and N Horovod workers with M PS: the same
@@ -9,10 +9,10 @@ summaries and the run's files.
 (``built.py``: model, optimizers, embedding tables and slots, compiled step, checkpoint manager),
 ``_restore`` (rank 0 reads the newest checkpoint, every rank learns its step),
 ``_start_tracker`` (validation state and an early stop already reached), the strategy's
-``share_start_state`` (every replica starts from rank 0's weights and hot rows), ``_loop`` (``step_loop.py``: the steps;
-``after_step.py``: logging, validation, checkpoints, ... after each call) and ``write_summary``
-(summary and per-rank files). ``cluster.elastic`` is one ``loop_strategy.Strategy``, chosen
-here once and asked by each phase that differs under it.
+``share_start_state`` (every replica starts from rank 0's weights and hot rows), ``_loop``
+(``step_loop.py``: the steps; ``after_step.py``: status, log, validation, checkpoint, ... after
+each call) and ``write_summary`` (summary and per-rank files). ``cluster.elastic`` is one
+``loop_strategy.Strategy``, chosen here once and asked by each phase that differs under it.
 """
 from __future__ import annotations
 
