@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, List, Protocol
+from typing import TYPE_CHECKING, Callable, List, Optional, Protocol
 
 from gmeta_tf.config.schema import Config
 from gmeta_tf.train.built import Built
@@ -22,6 +22,9 @@ from gmeta_tf.train.failures import lost_peer
 from gmeta_tf.train.loop_state import LoopState, RunContext
 from gmeta_tf.train.rank_status import Phase
 from gmeta_tf.train.runtime import Runtime
+
+if TYPE_CHECKING:  # elastic.py imports Horovod: only an elastic run loads it
+    from gmeta_tf.train.elastic import DenseCommit
 
 TrainFrom = Callable[[int], None]  # StepLoop.train_from: steps ``begin+1 ..`` to the loop's end
 
@@ -82,7 +85,7 @@ class ElasticStrategy:
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.state = None  # the DenseCommit, once ``run`` made it
+        self.state: Optional[DenseCommit] = None  # made by ``run``
         self.entries: List[int] = []  # the step of each (re-)entry into a ring
 
     def check_environment(self) -> None:
@@ -117,7 +120,7 @@ class ElasticStrategy:
                                         at.since_unix, at.ring_step),
                     reset, self.cfg.cluster.elastic_reset_limit)
 
-    def _enter(self, ctx: RunContext, at: LoopState, s, train_from: TrainFrom) -> None:
+    def _enter(self, ctx: RunContext, at: LoopState, s: DenseCommit, train_from: TrainFrom) -> None:
         """One (re-)entry into a ring, at the commit ``s`` (rank 0's, just synced): the loop takes
         rank 0's start and end, the record says where this rank joined, then the steps run."""
         rt = ctx.rt
