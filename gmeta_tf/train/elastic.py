@@ -16,7 +16,7 @@ last commit, leaves the ring and joins the one the driver re-forms without the l
   grouped all-reduce inside a compiled step does not carry). A lost PS is not a lost worker: it
   stays a ``ClusterFaultError``, every rank exits, and the launcher restarts from the checkpoint.
 
-After a reset the ring is smaller: the loop (``trainer._loop``) re-reads rank and size, and each
+After a reset the ring is smaller: the loop (``step_loop.StepLoop.train_from``) re-reads rank and size, and each
 rank reads shard ``rank`` of ``size`` of the training files from the committed step's batch on.
 
 **Re-growing** (``cluster.elastic_cooldown_s``): once a lost worker's host has cooled down,
