@@ -9,17 +9,11 @@ server on loopback answering the three reads the client makes, with Kubernetes' 
 """
 from __future__ import annotations
 
-import json
-import socket
 import stat
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-import yaml
-from click.testing import CliRunner
-
-from gmeta_tf.cli.job_cmd import job_group
+from kube_loopback import JsonHandler, closed_port, serve
+from kube_loopback import cli_error as _error
 
 MISLEADING = "The connection to the server localhost:8080 was refused - did you specify the right host or port?"
 KUBECTL = f"""#!/bin/sh
@@ -29,21 +23,10 @@ exit 1
 """
 
 
-class _Api(BaseHTTPRequestHandler):
+class _Api(JsonHandler):
     groups = ["apps", "kubeflow.org"]
     jobs = {"there"}
     forbidden = False
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self):
         if self.forbidden:
@@ -66,32 +49,7 @@ def cluster(tmp_path, monkeypatch):
     kubectl.chmod(kubectl.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", str(bin_dir))
 
-    class Api(_Api):
-        pass
-
-    server = HTTPServer(("127.0.0.1", 0), Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    def kubeconfig(port):
-        path = tmp_path / "kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "dev",
-            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "dev", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}]}))
-        monkeypatch.setenv("KUBECONFIG", str(path))
-
-    kubeconfig(server.server_address[1])
-    Api.kubeconfig = staticmethod(kubeconfig)
-    yield Api
-    server.shutdown()
-    server.server_close()
-
-
-def _error(args):
-    r = CliRunner(mix_stderr=False).invoke(job_group, args)
-    assert r.exit_code == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
-    return r.stderr
+    yield from serve(_Api, tmp_path, monkeypatch)
 
 
 def test_a_job_that_does_not_exist_is_said_so_whatever_kubectl_printed(cluster):
@@ -121,9 +79,7 @@ def test_a_cluster_that_names_nothing_wrong_gets_kubectls_own_line_unsorted(clus
 
 
 def test_an_api_server_that_does_not_answer(cluster):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = closed_port()
     cluster.kubeconfig(closed)
     said = _error(["status", "x"])
     assert "cannot reach the Kubernetes cluster of kube context 'dev' to get TFJob x" in said, said

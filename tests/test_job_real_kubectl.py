@@ -11,37 +11,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import yaml
-from click.testing import CliRunner
-
-from gmeta_tf.cli.job_cmd import job_group
+from kube_loopback import JsonHandler, closed_port, serve
+from kube_loopback import cli_error as _error
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 
-class _Api(BaseHTTPRequestHandler):
+class _Api(JsonHandler):
     protocol_version = "HTTP/1.1"
     groups = ["kubeflow.org"]
     jobs = {"there"}
     allowed = True
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _status(self, code, reason, message):
         self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
@@ -100,32 +84,7 @@ def cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECACHEDIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", os.path.dirname(KUBECTL))
 
-    class Api(_Api):
-        pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    def kubeconfig(port):
-        path = tmp_path / "kubeconfig"
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "dev",
-            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "dev", "context": {"cluster": "c", "user": "u", "namespace": "ml"}}]}))
-        monkeypatch.setenv("KUBECONFIG", str(path))
-
-    kubeconfig(server.server_address[1])
-    Api.kubeconfig = staticmethod(kubeconfig)
-    yield Api
-    server.shutdown()
-    server.server_close()
-
-
-def _error(args):
-    r = CliRunner(mix_stderr=False).invoke(job_group, args)
-    assert r.exit_code == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (r.stdout, r.stderr)
-    return r.stderr
+    yield from serve(_Api, tmp_path, monkeypatch)
 
 
 def test_a_missing_job_and_pod(cluster):
@@ -153,9 +112,7 @@ def test_a_context_the_kubeconfig_lacks(cluster):
 
 
 def test_an_api_server_that_does_not_answer(cluster):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+    closed = closed_port()
     cluster.kubeconfig(closed)
     said = _error(["status", "x"])
     assert f"cannot reach the Kubernetes cluster of kube context 'dev' to get TFJob x: nothing accepts " \

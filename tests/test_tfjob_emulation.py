@@ -7,6 +7,7 @@ the Horovod ring through the Gloo rendezvous worker 0 hosts, as in the cluster.
 """
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -168,11 +169,20 @@ def test_rendered_tfjob_with_checkpoint_uri_writes_and_resumes_there(data_dir, t
     assert rank_summaries(Path(storage.local_path(uri)))[0]["start_step"] == 20
 
 
+def _kill_after_checkpoint_20(run_dir, pods, name: str) -> None:
+    """SIGKILL pod ``name`` once the checkpoint at step 20 is complete (its meta.json written)."""
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "ckpt-00000020" / "meta.json").exists():
+        assert time.monotonic() < deadline, "no checkpoint at step 20"
+        time.sleep(0.2)
+    (pod,) = [p for p in pods if p.name == name]
+    os.kill(pod.proc.pid, signal.SIGKILL)
+
+
 def test_a_lost_ps_pod_exits_retryable_and_the_restarted_pods_resume(data_dir, tmp_path):
     """The PS pod is killed (SIGKILL, as a node loss does) after the checkpoint at step 20: every
     worker exits with a code the rendered ``restartPolicy: ExitCode`` retries (128-255), and the
     pod set the operator starts again resumes from that checkpoint and finishes."""
-    import signal
 
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.steps=2000",
                                                   "train.checkpoint_every=20", "data.tasks_per_batch=8",
@@ -187,12 +197,7 @@ def test_a_lost_ps_pod_exits_retryable_and_the_restarted_pods_resume(data_dir, t
     run_dir = ckpt_dir / "emu-fault"
 
     def kill_ps_after_checkpoint_20(pods):
-        deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "ckpt-00000020" / "meta.json").exists():
-            assert time.monotonic() < deadline, "no checkpoint at step 20"
-            time.sleep(0.2)
-        (ps,) = [p for p in pods if p.name == "ps-0"]
-        os.kill(ps.proc.pid, signal.SIGKILL)
+        _kill_after_checkpoint_20(run_dir, pods, "ps-0")
 
     codes, lines = _run_tfjob(configmap, tfjob, tmp_path, mounts, fault=kill_ps_after_checkpoint_20)
     assert all(128 <= c <= 255 for c in codes), (codes, lines[-4000:])  # ExitCode retries these
@@ -214,8 +219,6 @@ def test_a_lost_worker_pod_is_blamed_only_on_what_can_be_asked(data_dir, tmp_pat
     named and the code is retried (200). Worker 0 has nothing to ask about worker 1: it exits 1
     naming its error, not a guessed 200 (the old rule laid every dropped connection on the peers
     by its type, and a TFJob restarts 200 for ever when the error is the rank's own)."""
-    import signal
-
     cfg = load_config("configs/quickstart.yaml", [f"data.path={data_dir}", "train.steps=2000",
                                                   "train.checkpoint_every=20", "data.tasks_per_batch=8",
                                                   "train.log_every=20"])
@@ -227,12 +230,7 @@ def test_a_lost_worker_pod_is_blamed_only_on_what_can_be_asked(data_dir, tmp_pat
     run_dir = ckpt_dir / "emu-lost"
 
     def kill_worker_after_checkpoint_20(pods):
-        deadline = time.monotonic() + 300
-        while not (run_dir / "checkpoints" / "ckpt-00000020" / "meta.json").exists():
-            assert time.monotonic() < deadline, "no checkpoint at step 20"
-            time.sleep(0.2)
-        (worker,) = [p for p in pods if p.name == f"worker-{killed}"]
-        os.kill(worker.proc.pid, signal.SIGKILL)
+        _kill_after_checkpoint_20(run_dir, pods, f"worker-{killed}")
 
     def own_status_dir(replica, i):
         return {"GMETA_STATUS_DIR": str(tmp_path / f"pod-{replica}-{i}" / "status")}
