@@ -190,3 +190,17 @@ def test_parts_without_a_train_task_together_are_refused(parts, tmp_path):
     with pytest.raises(DataError, match="no train task together"):
         combine([str(p) for p in parts], str(tmp_path / "c"))
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda s: s["part"].pop("train_samples"), "field 'part.train_samples' is missing"),
+    (lambda s: s["part"]["dense"].pop(), "field 'part.dense' must list one entry per feature"),
+    (lambda s: s["part"]["dense"][1].pop("m2"), "field 'part.dense[1]' lacks m2"),
+    (lambda s: s["part"]["label"].pop("mean"), "field 'part.label' lacks mean"),
+])
+def test_a_part_whose_statistics_are_incomplete_is_named(parts, tmp_path, edit, field):
+    _edit(parts[2], edit)
+    with pytest.raises(DataError) as e:
+        combine([str(p) for p in parts], str(tmp_path / "c"))
+    assert field in str(e.value) and str(parts[2] / fmt.SCHEMA_FILE) in str(e.value), str(e.value)
+    assert not (tmp_path / "c").exists()

@@ -181,19 +181,39 @@ def _cardinality(parts: Sequence[Part], name: str) -> int:
     return int(np.unique(np.concatenate(ids)).size)
 
 
+_ENTRY_KEYS = {"dense": ("mean", "m2"), "label": ("mean", "m2", "min", "max"),
+               "multi_hot": ("ids", "samples", "max_len")}
+
+
+def _part_entry(p: Part) -> Dict:
+    """``p``'s ``part`` entry, checked to hold what ``_feature_stats`` merges (``task_format``)."""
+    e, where = p.schema["part"], f"{p.path / fmt.SCHEMA_FILE}: field 'part"
+    again = "prepared by another version? prepare the part again with 'gmeta data prepare --part'"
+    for key in ("train_samples", "samples", *_ENTRY_KEYS):
+        if key not in e:
+            raise DataError(f"{where}.{key}' is missing; {again}")
+    for key in ("dense", "multi_hot"):
+        if not isinstance(e[key], list) or len(e[key]) != len(p.schema[key]):
+            raise DataError(f"{where}.{key}' must list one entry per feature of '{key}' "
+                            f"({len(p.schema[key])}); {again}")
+    for key, fields in _ENTRY_KEYS.items():
+        for i, entry in enumerate(e[key] if key != "label" else [e[key]]):
+            lacking = [f for f in fields if not isinstance(entry, dict) or f not in entry]
+            if lacking:
+                at = f"{key}[{i}]" if key != "label" else key
+                raise DataError(f"{where}.{at}' lacks {', '.join(lacking)}; {again}")
+    return e
+
+
 def _feature_stats(parts: Sequence[Part]) -> Dict:
     """Every statistic that cannot be added, from the parts' ``part`` entries and distinct ids."""
-    schema, entries = parts[0].schema, [p.schema["part"] for p in parts]
-    try:
-        n_train = [int(e["train_samples"]) for e in entries]
-        samples = sum(int(e["samples"]) for e in entries)
-        dense = [_merge_moments([e["dense"][j] for e in entries], n_train) for j in range(len(schema["dense"]))]
-        label = _merge_moments([e["label"] for e in entries], n_train)
-        ranges = [(e["label"]["min"], e["label"]["max"]) for e in entries if e["label"]["min"] is not None]
-        multi = {c["name"]: [e["multi_hot"][k] for e in entries] for k, c in enumerate(schema["multi_hot"])}
-    except (KeyError, IndexError, TypeError) as e:
-        raise DataError(f"field 'part' of a part's {fmt.SCHEMA_FILE} lacks {e}: prepared by another version? "
-                        f"prepare the parts again with 'gmeta data prepare --part'") from None
+    schema, entries = parts[0].schema, [_part_entry(p) for p in parts]
+    n_train = [int(e["train_samples"]) for e in entries]
+    samples = sum(int(e["samples"]) for e in entries)
+    dense = [_merge_moments([e["dense"][j] for e in entries], n_train) for j in range(len(schema["dense"]))]
+    label = _merge_moments([e["label"] for e in entries], n_train)
+    ranges = [(e["label"]["min"], e["label"]["max"]) for e in entries if e["label"]["min"] is not None]
+    multi = {c["name"]: [e["multi_hot"][k] for e in entries] for k, c in enumerate(schema["multi_hot"])}
     lo, hi = (min(r[0] for r in ranges), max(r[1] for r in ranges)) if ranges else (0.0, 0.0)
     return {
         "categorical": [dict(c, cardinality=_cardinality(parts, c["name"])) for c in schema["categorical"]],
