@@ -61,6 +61,11 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _unit(z: np.ndarray) -> np.ndarray:
+    """A uint64's top 53 bits as a uniform double in [0, 1)."""
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
 def task_strings(ids: TaskIds) -> pa.LargeStringArray:
     """Task ids as prepare names them (``convert``: Arrow's cast to string), as one Arrow array."""
     if isinstance(ids, pa.ChunkedArray):
@@ -104,7 +109,7 @@ def task_hashes(ids: TaskIds, seed: int) -> Tuple[np.ndarray, np.ndarray]:
     with np.errstate(over="ignore"):
         a = _mix(h + np.uint64(_GAMMA))
         b = _mix(h + np.uint64((2 * _GAMMA) & _U64))
-    return (a >> np.uint64(11)).astype(np.float64) / float(1 << 53), b
+    return _unit(a), b
 
 
 def shard_of(ids: TaskIds, seed: int, shards: int) -> np.ndarray:
@@ -171,7 +176,7 @@ def row_keys(rows: np.ndarray, seed: int) -> np.ndarray:
     a uniform [0, 1) double, vectorized (the same for a row in every part)."""
     with np.errstate(over="ignore"):
         z = _mix(rows.astype(np.uint64) + np.uint64((int(seed) * _GAMMA + _GAMMA) % (1 << 64)))
-    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return _unit(z)
 
 
 def schema_entry(part: Tuple[int, int], sums: Dict) -> Dict:
