@@ -15,7 +15,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from gmeta_tf.config.schema import Config
-from gmeta_tf.evaluation import baselines, metrics, per_task, ranking, segments
+from gmeta_tf.evaluation import baselines, metrics, per_task, pooled_auc, ranking, segments
 from gmeta_tf.evaluation.baselines import FlatItems, ItemStats, TaskItems
 from gmeta_tf.evaluation.stream import QueryChunk, StreamScores, score_chunks, task_scores
 from tests.eval_reference import (  # the old per-user code (reference)
@@ -140,7 +140,7 @@ def test_no_user_at_all_gives_empty_parts_and_nan():
 @fast
 def test_streamed_pooled_auc_equals_sklearn_over_all_samples():
     rng = np.random.default_rng(7)
-    auc = metrics.PooledAUC()
+    auc = pooled_auc.PooledAUC()
     auc.MERGE_AT = 50  # merge often: every path (pending, merged, both) is taken
     ys, ps = [], []
     for size in (0, 1, 30, 200, 5, 900, 64, 3000):
@@ -153,9 +153,9 @@ def test_streamed_pooled_auc_equals_sklearn_over_all_samples():
         ps.append(p)
     want = roc_auc_score(np.concatenate(ys), np.clip(np.concatenate(ps), _CLIP, 1 - _CLIP))
     assert auc.value() == pytest.approx(want, rel=1e-12)
-    one_class = metrics.PooledAUC()
+    one_class = pooled_auc.PooledAUC()
     one_class.add(np.ones(4), np.arange(4.0))
-    assert math.isnan(one_class.value()) and math.isnan(metrics.PooledAUC().value())
+    assert math.isnan(one_class.value()) and math.isnan(pooled_auc.PooledAUC().value())
 
 
 @fast
@@ -163,7 +163,7 @@ def test_pooled_auc_keeps_a_models_float32_scores_in_12_bytes_each():
     """The histogram is what grows with users (one entry per distinct model score): a float32
     key and two int32 counts, not float64 and int64 twice, and the AUC unchanged."""
     rng = np.random.default_rng(3)
-    auc = metrics.PooledAUC()
+    auc = pooled_auc.PooledAUC()
     ys, ps = [], []
     for _ in range(6):
         y = (rng.random(20_000) < 0.4).astype(np.float64)
@@ -177,6 +177,45 @@ def test_pooled_auc_keeps_a_models_float32_scores_in_12_bytes_each():
     assert (u.nbytes + pos.nbytes + cnt.nbytes) / u.size == 12
     want = roc_auc_score(np.concatenate(ys), np.clip(np.concatenate(ps), _CLIP, 1 - _CLIP))
     assert auc.value() == pytest.approx(want, rel=1e-12)
+
+
+
+@fast
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pooled_auc_past_its_memory_bound_goes_to_disk_and_gives_the_same_auc(dtype):
+    """Past ``SPILL_AT`` distinct scores the histograms go to Parquet files and DuckDB ranks them:
+    equal to the in-memory histogram's value bit for bit (the same integers) and to sklearn's,
+    with ties across spilled files, the clipped ends and one class; the files go with the object."""
+    import gc
+
+    rng = np.random.default_rng(11)
+    spilled, held = pooled_auc.PooledAUC(), pooled_auc.PooledAUC()
+    spilled.MERGE_AT, spilled.SPILL_AT = 40, 100
+    held.SPILL_AT = 1 << 30
+    ys, ps = [], []
+    for size in (0, 1, 30, 200, 5, 900, 64, 3000, 2500):
+        y = (rng.random(size) < 0.3).astype(np.float64)
+        p = np.round(rng.random(size), 3).astype(dtype)  # ~1000 distinct: each file repeats the others'
+        p[: size // 10] = 0.0
+        p[size // 10: size // 5] = 1.0
+        for auc in (spilled, held):
+            auc.add(y, p)
+        ys.append(y)
+        ps.append(p)
+    assert spilled._spilled >= 3 and held._spilled == 0
+    spill_dir = spilled._spill
+    assert spill_dir.is_dir()
+    want = roc_auc_score(np.concatenate(ys), np.clip(np.concatenate(ps), dtype(_CLIP), dtype(1 - _CLIP)))
+    assert spilled.value() == held.value() == pytest.approx(want, rel=1e-12)
+    assert spilled.value() == held.value()  # twice: the files are still there
+    del spilled
+    gc.collect()
+    assert not spill_dir.exists()
+    one_class = pooled_auc.PooledAUC()
+    one_class.MERGE_AT, one_class.SPILL_AT = 1, 2
+    for k in range(5):
+        one_class.add(np.ones(3), (np.arange(3.0) + 3 * k + 1) / 100)
+    assert one_class._spilled and math.isnan(one_class.value())
 
 
 # ------------------------------------------------------------------ baselines

@@ -134,16 +134,19 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
     Next to the table: every metric's paired difference against each baseline (and each --compare
     run) over the same users, with a bootstrap interval and a verdict: better, worse or can't tell.
     """
+    from gmeta_tf import heap
     from gmeta_tf.evaluation.evaluate import evaluate_tasks, write_eval
     from gmeta_tf.evaluation.per_task import load_for_comparison
     from gmeta_tf.evaluation.report import format_paired, format_table
-    from gmeta_tf.metaio.reader import load_schema
+    from gmeta_tf.export.frozen_run import pick_run
     from gmeta_tf.train.run_files import data_record
-    from gmeta_tf.train.trained_run import load_trained
 
-    cfg, model, ckpt = load_trained(run_dir, overrides, checkpoint=which)
+    heap.large_buffers_from_kernel()  # freed batches leave the process (heap.py: −140 MiB at 270k users)
+    # the frozen model (static tables, no optimizer slots): scoring only reads rows (frozen_run.py)
+    run = pick_run(run_dir, which, overrides)
+    cfg, model = run.cfg, run.model()
     scored = split or cfg.eval.split
-    total = split_tasks(load_schema(cfg.data.path), scored, cfg.eval.max_tasks)
+    total = split_tasks(run.schema, scored, cfg.eval.max_tasks)
     # SciPy (the paired bootstrap, after scoring) takes ~1.5 s to import: it loads while the
     # model scores, which leaves the GIL to it inside every TensorFlow call.
     scipy_loader = threading.Thread(target=importlib.import_module, args=("gmeta_tf.evaluation.paired",),
@@ -153,9 +156,9 @@ def eval_cmd(run_dir, split, overrides, which, compare_runs):
         result, tasks = evaluate_tasks(model, cfg, cfg.meta.algo, split, progress=progress)
     scipy_loader.join()
     from gmeta_tf.evaluation import paired
-    result["checkpoint"] = {"step": int(ckpt.step.numpy()), "which": which}
+    result["checkpoint"] = {"step": run.step, "which": which}
     # which data was scored, and with which checkpoint
-    result["data"] = {**data_record(cfg.data.path, load_schema(cfg.data.path)), "checkpoint": ckpt.restored}
+    result["data"] = {**data_record(cfg.data.path, run.schema), "checkpoint": run.checkpoint}
     # all read (and refused) before anything is written
     others = {other_run: load_for_comparison(other_run, tasks) for other_run in compare_runs}
     result["paired"] = paired.eval_report(tasks, paired.Bootstrap.from_eval(cfg.eval), others)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from gmeta_tf.data import task_format as fmt
@@ -109,41 +108,77 @@ def item_feature(schema: dict, name: Optional[str], data_path: str) -> Optional[
     return name
 
 
+STATS_BATCH_TASKS = 8192  # train tasks read at once: ~0.5M samples, ~20 MB of columns
+
+
+class _IdSums:
+    """Label sums and counts per id over batches that arrive one by one: each batch's own
+    (ids, sums, counts), merged into one whenever the pending ones outgrow it (amortized
+    n log n), so memory follows the distinct ids, never the samples read."""
+
+    MERGE_AT = 1 << 20
+
+    def __init__(self) -> None:
+        self._parts: List[tuple] = []
+        self._merged = self._pending = 0
+
+    def add(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        u, inv = np.unique(ids, return_inverse=True)
+        inv = inv.reshape(-1)
+        self._parts.append((u, np.bincount(inv, weights=labels, minlength=u.size),
+                            np.bincount(inv, minlength=u.size).astype(np.int64)))
+        self._pending += u.size
+        if self._pending > max(self._merged, self.MERGE_AT):
+            self._merge()
+
+    def _merge(self) -> None:
+        if len(self._parts) > 1:
+            u, inv = np.unique(np.concatenate([p[0] for p in self._parts]), return_inverse=True)
+            inv = inv.reshape(-1)
+            self._parts = [(u, np.bincount(inv, weights=np.concatenate([p[1] for p in self._parts]), minlength=u.size),
+                            np.bincount(inv, weights=np.concatenate([p[2] for p in self._parts]),
+                                        minlength=u.size).astype(np.int64))]
+        self._merged = self._parts[0][0].size if self._parts else 0
+        self._pending = 0
+
+    def result(self) -> tuple:
+        self._merge()
+        return self._parts[0] if self._parts else (np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
+
+
+def _train_batches(f: str, cols: List[str]):
+    """File ``f``'s ``cols``, ``STATS_BATCH_TASKS`` tasks at a time; a file that cannot be read is named."""
+    try:
+        yield from pq.ParquetFile(f).iter_batches(batch_size=STATS_BATCH_TASKS, columns=cols)
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"{f}: cannot read the train split's labels for the baselines: {str(e).splitlines()[0]}") from None
+
+
 def train_item_stats(data_path: str, schema: dict, item: Optional[str]) -> ItemStats:
-    """Label sums and counts per item over every support and query sample of the train split."""
+    """Label sums and counts per item over every support and query sample of the train split.
+
+    Read in batches of tasks (``_IdSums``): at 100M rows the train split's label and item columns
+    read a file at a time held ~1 GB at once, as long as the first users took to score."""
     from gmeta_tf.metaio.reader import split_files  # here: the rest of this module needs no TensorFlow
 
-    ids, sums, counts = [], [], []
+    per_item = _IdSums()
     total, n_total = 0.0, 0
+    cols = [fmt.label_col(w) for w in fmt.SETS] + ([fmt.cat_col(w, item) for w in fmt.SETS] if item else [])
     for f in split_files(data_path, "train", schema):
-        cols = [fmt.label_col(w) for w in fmt.SETS] + ([fmt.cat_col(w, item) for w in fmt.SETS] if item else [])
-        try:
-            t = pq.read_table(f, columns=cols)
-        except (OSError, KeyError, ValueError) as e:
-            raise DataError(f"{f}: cannot read the train split's labels for the baselines: {str(e).splitlines()[0]}") from None
-        for w in fmt.SETS:
-            y = np.asarray(pc.list_flatten(t[fmt.label_col(w)]).to_numpy(), dtype=np.float64)
-            total += float(y.sum())
-            n_total += y.size
-            if item:
-                x = fmt.flat_ids(t[fmt.cat_col(w, item)].combine_chunks())
-                if x.size != y.size:
-                    raise DataError(f"{f}: column '{fmt.cat_col(w, item)}' has {x.size} ids but "
-                                    f"'{fmt.label_col(w)}' has {y.size} labels")
-                u, inv = np.unique(x, return_inverse=True)
-                ids.append(u)
-                sums.append(np.bincount(inv.reshape(-1), weights=y, minlength=u.size))
-                counts.append(np.bincount(inv.reshape(-1), minlength=u.size))
+        for b in _train_batches(f, cols):
+            for w in fmt.SETS:
+                y = np.asarray(b.column(fmt.label_col(w)).flatten().to_numpy(), dtype=np.float64)
+                total += float(y.sum())
+                n_total += y.size
+                if item:
+                    x = fmt.flat_ids(b.column(fmt.cat_col(w, item)))
+                    if x.size != y.size:
+                        raise DataError(f"{f}: column '{fmt.cat_col(w, item)}' has {x.size} ids but "
+                                        f"'{fmt.label_col(w)}' has {y.size} labels")
+                    per_item.add(x, y)
     if n_total == 0:
         raise DataError(f"{data_path}: the train split has no samples to compute the baselines from")
-    if ids:
-        u, inv = np.unique(np.concatenate(ids), return_inverse=True)
-        inv = inv.reshape(-1)
-        merged = (u, np.bincount(inv, weights=np.concatenate(sums), minlength=u.size),
-                  np.bincount(inv, weights=np.concatenate(counts), minlength=u.size).astype(np.int64))
-    else:
-        merged = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
-    return ItemStats(total / n_total, n_total, *merged)
+    return ItemStats(total / n_total, n_total, *per_item.result())
 
 
 def _logit(p: np.ndarray) -> np.ndarray:

@@ -100,75 +100,6 @@ def error_parts(kind: str, labels: List[np.ndarray], preds: List[np.ndarray]) ->
     return error_parts_flat(kind, y, p, offsets)
 
 
-class PooledAUC:
-    """``auc_pooled`` (every user's query samples ranked together) without keeping the samples.
-
-    Exact streaming equivalent of sklearn's ``roc_auc_score`` over all (clipped) samples: the
-    AUC depends on the samples only through, per distinct score, how many samples and how many
-    positives have it. Each added chunk becomes such a histogram; the pending histograms are
-    merged into one whenever they outgrow it (amortized n log n), so memory is bounded by the
-    number of distinct scores (a baseline has few; a model has at most one per sample), not by
-    Python objects per user. AUC = Σ_v pos_v · (negatives below v + neg_v / 2) / (P·N),
-    summed in integers (twice the statistic).
-    """
-
-    MERGE_AT = 1 << 16  # pending distinct scores that always trigger a merge
-
-    def __init__(self) -> None:
-        self._parts: List[Tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._merged = 0  # distinct scores in the first part, once merged
-        self._pending = 0
-        self._samples = 0
-
-    def _count_dtype(self):
-        """int32 counts (12 B per distinct float32 score, not 24) until a count could pass 2^31."""
-        return np.int32 if self._samples < np.iinfo(np.int32).max else np.int64
-
-    def add(self, labels: np.ndarray, preds: np.ndarray) -> None:
-        # clipped in the predictions' own dtype (a model's float32 rounds the bounds, so every
-        # float32 score at or above float32(1 - 1e-7) joins one tie, as it always has); kept in it:
-        # float32 → float64 is exact and keeps the order, so the histogram's ties are the same
-        q = np.clip(np.asarray(preds), _CLIP, 1 - _CLIP)
-        q = q if q.dtype in (np.float32, np.float64) else q.astype(np.float64)
-        if q.size == 0:
-            return
-        self._samples += int(q.size)
-        u, inv = np.unique(q, return_inverse=True)
-        inv = inv.reshape(-1)
-        dt = self._count_dtype()
-        pos = np.bincount(inv, weights=positive(labels), minlength=u.size).astype(dt)
-        self._parts.append((u, pos, np.bincount(inv, minlength=u.size).astype(dt)))
-        self._pending += u.size
-        if self._pending > max(self._merged, self.MERGE_AT):
-            self._merge()
-
-    def _merge(self) -> None:
-        if len(self._parts) > 1:
-            u, inv = np.unique(np.concatenate([p[0] for p in self._parts]), return_inverse=True)
-            inv = inv.reshape(-1)
-            dt = self._count_dtype()
-            pos = np.bincount(inv, weights=np.concatenate([p[1] for p in self._parts]), minlength=u.size)
-            cnt = np.bincount(inv, weights=np.concatenate([p[2] for p in self._parts]), minlength=u.size)
-            self._parts = [(u, pos.astype(dt), cnt.astype(dt))]
-        self._merged = self._parts[0][0].size if self._parts else 0
-        self._pending = 0
-
-    def value(self) -> float:
-        """The pooled AUC; NaN unless both classes occur."""
-        self._merge()
-        if not self._parts:
-            return float("nan")
-        _, pos, cnt = self._parts[0]
-        pos, cnt = pos.astype(np.int64), cnt.astype(np.int64)
-        neg = cnt - pos
-        n_pos, n_neg = int(pos.sum()), int(neg.sum())
-        if n_pos == 0 or n_neg == 0:
-            return float("nan")
-        below = np.cumsum(neg) - neg
-        two_u = int(np.sum(pos * (2 * below + neg)))
-        return two_u / (2.0 * n_pos * n_neg)
-
-
 def summarize(kind: str, parts: Dict[str, Parts], auc_pooled: float = float("nan")) -> Dict[str, float]:
     """The error metrics as reported, from all users' parts (and, for clicks, ``auc_pooled``)."""
     value = {m: float(pooled(m, *parts[m])) for m in (("auc", "logloss") if kind == "click" else ("mae", "rmse"))}
@@ -186,6 +117,8 @@ def compute(kind: str, labels: List[np.ndarray], preds: List[np.ndarray]) -> Dic
     parts = error_parts_flat(kind, y, p, offsets)
     if kind != "click":
         return summarize(kind, parts)
+    from gmeta_tf.evaluation.pooled_auc import PooledAUC  # it builds on this module
+
     auc = PooledAUC()
     auc.add(y, p)
     return summarize(kind, parts, auc.value())

@@ -8,8 +8,8 @@ arrives, all its users at once, and only what the report and the paired comparis
 * per scorer and user, each metric's (num, den) parts (``per_task.task_parts_flat``): a few
   floats per user, exactly what ``eval_tasks.parquet`` stores;
 * per user, its id, query size and label sum (``TaskScores.checks``);
-* for clicks, per scorer, ``metrics.PooledAUC``: the exact pooled AUC from a histogram of the
-  distinct (clipped) scores, not the samples themselves.
+* for clicks, per scorer, ``pooled_auc.PooledAUC``: the exact pooled AUC from a histogram of the
+  distinct (clipped) scores, not the samples themselves, on disk past a bound.
 
 Pure numpy (no TensorFlow): ``evaluate.py`` cuts the model's padded batches into
 ``QueryChunk``s; ``score_chunks`` does everything after that, which is what the tests and
@@ -27,6 +27,7 @@ from gmeta_tf.evaluation import baselines, metrics, ranking, segments
 from gmeta_tf.evaluation.baselines import FlatItems
 from gmeta_tf.evaluation.metrics import Parts
 from gmeta_tf.evaluation.per_task import TaskScores, metric_names, task_parts_flat
+from gmeta_tf.evaluation.pooled_auc import PooledAUC
 
 CHUNK_USERS = 2048  # users scored together: big enough that numpy's per-call cost vanishes
 
@@ -75,7 +76,7 @@ class StreamScores:
         self.kind = kind
         self.threshold = threshold
         self._parts: Dict[str, List[Dict[str, Parts]]] = {}
-        self._auc: Dict[str, metrics.PooledAUC] = {}
+        self._auc: Dict[str, PooledAUC] = {}
         self._task_ids: List[np.ndarray] = []
         self._sizes: List[np.ndarray] = []
         self._label_sums: List[np.ndarray] = []
@@ -95,7 +96,7 @@ class StreamScores:
         for name, p in preds.items():
             self._parts.setdefault(name, []).append(task_parts_flat(self.kind, labels, p, offsets, self.threshold))
             if self.kind == "click":
-                self._auc.setdefault(name, metrics.PooledAUC()).add(labels, p)
+                self._auc.setdefault(name, PooledAUC()).add(labels, p)
         self._task_ids.append(np.asarray(task_ids, dtype=object))
         self._sizes.append(segments.counts(offsets).astype(np.float64))
         self._label_sums.append(segments.segment_sum(labels, offsets))

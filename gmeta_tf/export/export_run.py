@@ -20,18 +20,15 @@ from typing import Callable
 
 import tensorflow as tf
 
-from gmeta_tf import export_format, storage
-from gmeta_tf.config.loader import config_text, load_config
+from gmeta_tf import export_format
+from gmeta_tf.config.loader import config_text
 from gmeta_tf.data import task_format as fmt
 from gmeta_tf.data.atomic import atomic_dir
 from gmeta_tf.errors import CheckpointError
-from gmeta_tf.export.checkpoint_reader import pick_checkpoint
-from gmeta_tf.export.frozen_model import FrozenModel
+from gmeta_tf.export.frozen_run import pick_run
 from gmeta_tf.export.manifest import export_manifest
 from gmeta_tf.export.signatures import make_signatures, signature_inputs
-from gmeta_tf.train.checkpoint import META
 from gmeta_tf.train.model_build import CONFIG_FILE
-from gmeta_tf.train.run_files import check_data
 
 
 def export_run(run_dir: str, out: str, which: str = "best", overwrite: bool = False,
@@ -43,18 +40,12 @@ def export_run(run_dir: str, out: str, which: str = "best", overwrite: bool = Fa
         overwrite = True  # an empty directory holds nothing to lose
     if out_p.exists() and not overwrite:  # refused before any work
         raise CheckpointError(f"output {out} already exists and is not empty; pass --overwrite to replace it")
-    config_file = storage.join(run_dir, CONFIG_FILE)
-    if not storage.exists(config_file):
-        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG_FILE}); run 'gmeta train --out {run_dir}' first")
-    cfg = load_config(config_file)
-    ckpt = pick_checkpoint(run_dir, which)
-    meta = json.loads(storage.read_text(storage.join(ckpt, META)))
-    schema = fmt.load_schema(cfg.data.path)
-    check_data(meta, schema, cfg.data.path, ckpt, "export")
-    log(f"exporting {ckpt} (step {meta['step']})")
-    model = FrozenModel(cfg, schema, ckpt)
+    run = pick_run(run_dir, which, action="export", strict=True)
+    cfg, schema, ckpt = run.cfg, run.schema, run.checkpoint
+    log(f"exporting {ckpt} (step {run.step})")
+    model = run.model()
     signatures = make_signatures(model, cfg)
-    manifest = export_manifest(model, cfg, schema, signature_inputs(model), run_dir, ckpt, int(meta["step"]))
+    manifest = export_manifest(model, cfg, schema, signature_inputs(model), run_dir, ckpt, run.step)
     with atomic_dir(out_p, overwrite) as tmp:
         tf.saved_model.save(model, str(tmp), signatures=signatures)
         written = export_format.write(tmp, manifest)

@@ -147,6 +147,52 @@ class CheckpointFiles:
                 return f"{rel} does not match its checksum (damaged or changed after the save)"
         return None
 
+    def checked(self, path: str) -> str:
+        """``path``, complete and intact, or a ``CheckpointError`` naming what is wrong with it."""
+        if not store.exists(store.join(path, META)):
+            raise CheckpointError(f"checkpoint {path} is incomplete (no meta.json)")
+        problem = self.damage(path)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
+        return path
+
+    def newest_intact(self) -> Optional[str]:
+        """The newest intact checkpoint (``latest`` first); None when there is none. A damaged
+        one is skipped, saying so; if every one is damaged, a ``CheckpointError`` names each and
+        the way out."""
+        newest_first = list(dict.fromkeys(p for p in [self.latest(), *reversed(self.all_checkpoints())] if p))
+        damaged = []
+        for candidate in newest_first:
+            problem = self.damage(candidate)
+            if problem is None:
+                if damaged:
+                    self.log(f"falling back to the newest intact checkpoint {candidate}")
+                return candidate
+            damaged.append(f"{candidate}: {problem}")
+            self.log(f"checkpoint {candidate} is damaged: {problem}; trying the previous one")
+        if damaged:
+            raise CheckpointError(
+                "every checkpoint is damaged (" + "; ".join(damaged) + "). Start over with "
+                "--no-resume (or a new --out), or restore the checkpoint directory from a copy")
+        return None
+
+    def intact(self, which: str = "best") -> Optional[str]:
+        """The intact checkpoint ``best``, ``latest`` or a step names; None when there is none.
+
+        ``best`` and ``latest`` never stop at a damaged checkpoint: a damaged best is reported and
+        the newest intact checkpoint is used, as for ``latest``. A step that is damaged is an
+        error naming the file."""
+        if which not in ("best", "latest"):
+            return self.checked(self.step_path(which))
+        best = self.best() if which == "best" else None
+        if best is not None:
+            problem = self.damage(best["checkpoint"])
+            if problem is None:
+                return best["checkpoint"]
+            self.log(f"best checkpoint {best['checkpoint']} is damaged: {problem}; "
+                     f"using the newest intact checkpoint instead")
+        return self.newest_intact()
+
 
 class CheckpointManager(CheckpointFiles):
     def __init__(self, directory: str | Path, model: DLRM, dense_opt, emb_opt, keep: int = 3,
@@ -170,22 +216,9 @@ class CheckpointManager(CheckpointFiles):
         )
 
     def restore_which(self, which: str = "best") -> int:
-        """Restore ``best``, ``latest`` or a step; returns the step, 0 when there is none.
-
-        ``best`` and ``latest`` never stop at a damaged checkpoint: a damaged best is reported and
-        the newest intact checkpoint is used, as ``restore()`` does for the latest. A step that
-        is damaged is an error naming the file."""
-        if which not in ("best", "latest"):
-            return self.restore(self.step_path(which))
-        best = self.best() if which == "best" else None
-        if best is not None:
-            problem = self.damage(best["checkpoint"])
-            if problem is None:
-                return self._load(best["checkpoint"])
-            self.log(f"best checkpoint {best['checkpoint']} is damaged: {problem}; "
-                     f"using the newest intact checkpoint instead")
-        return self.restore()
-
+        """Restore ``best``, ``latest`` or a step (``intact``); returns the step, 0 when there is none."""
+        path = self.intact(which)
+        return self._load(path) if path is not None else 0
 
     # -- save ---------------------------------------------------------------------------------
     def save(self, step: int, extra: Optional[dict] = None, files: Optional[Dict[str, str]] = None) -> str:
@@ -229,35 +262,10 @@ class CheckpointManager(CheckpointFiles):
     # -- restore ------------------------------------------------------------------------------
 
     def restore(self, path: Optional[str] = None) -> int:
-        """Restore ``path`` (default: the newest intact checkpoint). Returns its step; 0 if there
-        is none. A damaged newest checkpoint is skipped, saying so; if every one is damaged,
-        a ``CheckpointError`` names each and the way out."""
-        if path is None:
-            newest_first = list(dict.fromkeys(p for p in [self.latest(), *reversed(self.all_checkpoints())] if p))
-            if not newest_first:
-                return 0
-            damaged = []
-            for candidate in newest_first:
-                problem = self.damage(candidate)
-                if problem is None:
-                    path = candidate
-                    break
-                damaged.append(f"{candidate}: {problem}")
-                self.log(f"checkpoint {candidate} is damaged: {problem}; trying the previous one")
-            if path is None:
-                raise CheckpointError(
-                    "every checkpoint is damaged (" + "; ".join(damaged) + "). Start over with "
-                    "--no-resume (or a new --out), or restore the checkpoint directory from a copy")
-            if damaged:
-                self.log(f"falling back to the newest intact checkpoint {path}")
-            return self._load(path)
-        path = str(path)
-        if not store.exists(store.join(path, META)):
-            raise CheckpointError(f"checkpoint {path} is incomplete (no meta.json)")
-        problem = self.damage(path)
-        if problem is not None:
-            raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
-        return self._load(path)
+        """Restore ``path`` (default: the newest intact checkpoint, ``newest_intact``). Returns its
+        step; 0 if there is none."""
+        path = self.newest_intact() if path is None else self.checked(str(path))
+        return self._load(path) if path is not None else 0
 
     def _load(self, path: str) -> int:
         """Read checkpoint ``path`` into the model, optimizers and tables; already checked
