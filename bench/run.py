@@ -165,12 +165,12 @@ def bench_hot_split(results: Dict, smoke: bool = False) -> None:
 
 
 def bench_startup(results: Dict, smoke: bool = False) -> None:
-    from bench.startup import PS, SMOKE_PS, SMOKE_WORKERS, WORKERS, measure
+    from bench.startup import PS, SMOKE_PS, SMOKE_SAME_AS, SMOKE_WORKERS, WORKERS, measure
 
     # every rank reads its own shards: one per worker at 8 workers
     data, _ = _prepared_data(shards=8, smoke=smoke)
     results["startup"] = measure(data, work_dir(smoke), SMOKE_WORKERS if smoke else WORKERS,
-                                 ps=SMOKE_PS if smoke else PS)
+                                 ps=SMOKE_PS if smoke else PS, same_as=SMOKE_SAME_AS if smoke else None)
 
 
 def bench_serve(results: Dict, smoke: bool = False) -> None:
