@@ -42,7 +42,8 @@ def emulation_check(rate: str = "100mbit", seconds: float = 3.0) -> Dict:
 
 
 # ``smoke`` (bench/run.py --smoke): the two ends of the sweep (unshaped, the slowest rate) with
-# the default and ``lean`` paths, then the scale's best path: every step of the section on 5 short jobs
+# the default and ``lean`` paths, then the scale's best path: every step of the section on 3 short
+# jobs (the slowest rate's cells read the unshaped jobs: network_paths.SMOKE_STAND_INS)
 SMOKE_POINTS, SMOKE_PATHS, SMOKE_CHECK_S = (UNSHAPED, "rate=5mbit"), ("default", "lean"), 0.5
 
 

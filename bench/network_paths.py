@@ -133,10 +133,15 @@ SMOKE_HOSTS, SMOKE_SCALE = (1, 1), (2, 1)
 # The smoke's cells that run no job of their own (issue 53): each differs from the cell that
 # stands in for it only by a parameter of the same code, which that cell's job runs (the smoke
 # reads no figure, so a ratio of the two reads 1). bf16 unshaped: the wire dtype only, and the
-# bfloat16 wire runs in ``lean`` at every point; lean at 100 Mbit/s: the shaper's rate only.
+# bfloat16 wire runs in ``lean``; default and lean on a shaped link: the shaper's rate only (their
+# wire and hot split are set, so the job's ``cluster.link_rate`` changes nothing in it), and
+# shaped links carry the smoke's other jobs (the scale's, network_repeats' ``auto``,
+# sharding_network's arms).
 SMOKE_STAND_INS: Dict[Tuple[str, str], Tuple[str, str]] = {
     (UNSHAPED, "bf16"): (UNSHAPED, "default"),
-    ("rate=100mbit", "lean"): ("rate=5mbit", "lean"),
+    ("rate=5mbit", "default"): (UNSHAPED, "default"),
+    ("rate=5mbit", "lean"): (UNSHAPED, "lean"),
+    ("rate=100mbit", "lean"): (UNSHAPED, "lean"),
 }
 # This process's smoke jobs by everything that makes one: the network sections in one lane
 # (bench/smoke_lanes.py's ONE_LANE) run one job each cell of theirs shares, e.g. the unshaped
@@ -166,7 +171,7 @@ def smoke_point(data: str, out: Path, profile: str, name: str, sets: Sequence[st
         keys.append(_job_key(data, other, PATHS[other_path], sweep))
     for key in keys:
         if key in _SMOKE_JOBS:
-            label, got = _SMOKE_JOBS[key]
+            label, got = _SMOKE_JOBS[keys[0]] = _SMOKE_JOBS[key]
             log(f"[network] smoke: {profile_key(profile)} {name} reads the job of {label}, run before")
             return dict(got)
     got = run_point(data, out, profile, sets, workers=sweep.workers, ps=sweep.ps,
