@@ -21,10 +21,11 @@ CPU s on 2 cores: the box is full), so this test runs them all, as `make bench-s
 a cell that differs from another only by a parameter of the same code reads that cell's job
 (each such stand-in said where it is made: network's, sharding_network's greedy arm, distributed's
 fused A/B, hot_split's partial profile, wire_quality's bf16, start-up's 1-worker ring, ...), the
-network sections share one process's jobs, and sharding_network may run beside them: 5 min 33 s
-(333 s, 2026-11-29; network 109, faults 103, meta 76, sharding_network 67, distributed 60,
-hot_in_program_2w 47, hot_split 42, the rest under 31 each; ~590 CPU s, the box 90% busy: a
-process's TensorFlow + TFRA import is ~4.5 s of CPU, and processes are most of what is left).
+network sections share one process's jobs, and sharding_network may run beside them: 5.5 to
+6 min (333 s and 370 s, 2026-11-29; the second: faults 110, meta 90, distributed 78, network 76,
+sharding_network 69, hot_split 44, hot_in_program_2w 44, the rest under 35 each; ~600 CPU s, the
+box 90-95% busy: a process's TensorFlow + TFRA import is ~4.5 s of CPU, and processes are most
+of what is left).
 """
 from __future__ import annotations
 
