@@ -37,6 +37,20 @@ from gmeta_tf.train.dense_sync import LocalSync
 # of two steps each: the code runs as in the real run, only the window shrinks; no figure is read.
 SMOKE_SECONDS, SMOKE_ROUNDS = 0.0, 1
 ROUNDS = 4
+# The smoke's steps by what makes one (issue 53): the default step is measured by ``measure``,
+# ``measure_flat_call`` and ``measure_steps_per_call`` (k=1) alike, the every-id-hot compiled
+# step by ``measure_hot_in_program`` and ``measure_flat_call``; the smoke traces each once and
+# drives it from each (``reuse``; no figure is read). A step a measurement changes
+# (``_tf_call``) is always its own.
+_SMOKE_STEPS: Dict[Tuple, object] = {}
+
+
+def _reused(key: Tuple, make, reuse: bool):
+    if not reuse:
+        return make()
+    if key not in _SMOKE_STEPS:
+        _SMOKE_STEPS[key] = make()
+    return _SMOKE_STEPS[key]
 
 
 def _window(seconds: float, smoke: bool) -> Dict[str, float]:
@@ -87,9 +101,14 @@ def _wall_and_cpu_rates(steps: Dict[str, object], batches, seconds: float, T: in
             {name: statistics.median(r) for name, r in cpu_round.items()})
 
 
-def _step(cfg: Config, schema, variant: str):
+def _step(cfg: Config, schema, variant: str, reuse: bool = False):
     """A fresh model and step: ``jit`` / ``nojit`` (the vectorized step with the dense math
-    compiled or not) or a per-task loop (never compiled with XLA: the baseline ports run as is)."""
+    compiled or not) or a per-task loop (never compiled with XLA: the baseline ports run as is).
+    ``reuse`` (the smoke): this process's step of the same config and variant, if one was made."""
+    return _reused(("step", repr(cfg), variant), lambda: _new_step(cfg, schema, variant), reuse)
+
+
+def _new_step(cfg: Config, schema, variant: str):
     model = DLRM(cfg.model, schema)
     d, e = make_optimizers(cfg.train)
     if variant in ("jit", "nojit"):
@@ -109,7 +128,7 @@ def measure(cfg: Config, seconds: float = 8.0, smoke: bool = False) -> Dict[str,
     batches = _batches(cfg)
     samples = float(sum(b["support"]["mask"].numpy().sum() + b["query"]["mask"].numpy().sum()
                         for b in batches)) / len(batches) / T
-    rates = _rates({name: _step(cfg, schema, name) for name in ("jit", "nojit", "task_loop", "unrolled_loop")},
+    rates = _rates({name: _step(cfg, schema, name, smoke) for name in ("jit", "nojit", "task_loop", "unrolled_loop")},
                    batches, T=T, **_window(seconds, smoke))
     default = "jit" if jit_enabled(cfg.meta) else "nojit"  # what meta.jit_compile (auto) runs
     rates["vectorized"] = rates[default]
@@ -192,7 +211,7 @@ def measure_steps_per_call(cfg: Config, ks: Sequence[int] = (1, 4, 8), seconds: 
     process: ``tasks_per_s_k<k>`` and ``speedup_k<k>_over_k1`` (wall and CPU)."""
     schema = load_schema(cfg.data.path)
     variant = "jit" if jit_enabled(cfg.meta) else "nojit"
-    steps = {f"k{k}": _InCalls(_step(cfg, schema, variant), k) for k in ks}
+    steps = {f"k{k}": _InCalls(_step(cfg, schema, variant, smoke), k) for k in ks}
     batches = _batches(cfg)
     for s in steps.values():  # trace every call length before the clock starts
         for b in batches[:s.k]:
@@ -235,11 +254,16 @@ def measure_features(cfg: Config, copies: Sequence[int] = (1, 2, 4), seconds: fl
             for k in copies}
 
 
-def _hot_step(cfg: Config, schema, batches, in_program: bool, jit: bool = True):
+def _hot_step(cfg: Config, schema, batches, in_program: bool, jit: bool = True, reuse: bool = False):
     """The step with every id of every table hot and local-only (the quickstart vocabulary is a
     few MiB: one process holds it whole): the hot rows inside the XLA program
     (``meta.hot_in_program``), or applied outside it as before, the dense math compiled
-    (``jit``, ``meta.jit_compile``) or not."""
+    (``jit``, ``meta.jit_compile``) or not. ``reuse``: as ``_step``'s (the same config's batches)."""
+    return _reused(("hot", repr(cfg), in_program, jit), lambda: _new_hot_step(cfg, schema, batches, in_program, jit),
+                   reuse)
+
+
+def _new_hot_step(cfg: Config, schema, batches, in_program: bool, jit: bool = True):
     import numpy as np
 
     from gmeta_tf.embedding.hot.rows import HotRows
@@ -268,7 +292,8 @@ def measure_hot_in_program(cfg: Config, seconds: float = 8.0, smoke: bool = Fals
     the step not compiled at all (``uncompiled``, what ``meta.jit_compile: auto`` runs on CPU),
     interleaved in one process; wall and CPU tasks/s."""
     schema, batches = load_schema(cfg.data.path), _batches(cfg)
-    steps = {"compiled": _hot_step(cfg, schema, batches, True), "previous": _hot_step(cfg, schema, batches, False),
+    steps = {"compiled": _hot_step(cfg, schema, batches, True, reuse=smoke),
+             "previous": _hot_step(cfg, schema, batches, False),
              "uncompiled": _hot_step(cfg, schema, batches, False, jit=False)}
     return _side_by_side(steps, batches, _window(seconds, smoke), cfg.data.tasks_per_batch,
                          {"compiled_over_previous": ("compiled", "previous"),
@@ -303,8 +328,8 @@ def measure_flat_call(cfg: Config, seconds: float = 8.0, smoke: bool = False) ->
     with); wall and CPU tasks/s."""
     schema, batches = load_schema(cfg.data.path), _batches(cfg)
     variant = "jit" if jit_enabled(cfg.meta) else "nojit"
-    steps = {"flat": _step(cfg, schema, variant), "tf_call": _tf_call(_step(cfg, schema, variant)),
-             "in_program_flat": _hot_step(cfg, schema, batches, True),
+    steps = {"flat": _step(cfg, schema, variant, smoke), "tf_call": _tf_call(_step(cfg, schema, variant)),
+             "in_program_flat": _hot_step(cfg, schema, batches, True, reuse=smoke),
              "in_program_tf_call": _tf_call(_hot_step(cfg, schema, batches, True))}
     return _side_by_side(steps, batches, _window(seconds, smoke), cfg.data.tasks_per_batch,
                          {"flat_call": ("flat", "tf_call"),

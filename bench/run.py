@@ -125,7 +125,16 @@ def bench_distributed(results: Dict, smoke: bool = False) -> None:
     # alternating runs gave 0.90, 1.00, 0.95 (README), inside the 4-process job's +-15% run-to-run
     # noise whatever the rounds, and the load-robust answer to the same question is the next row
     # (ps_cpu_fused: the PS's CPU per step, 1.17-1.25). Two 2w2ps jobs (~1 min) off make bench.
-    ab = measure_ab(data, work / "fused", {"fused": [], "per_ps": ["model.fuse_tables=false"]}, rounds=1, smoke=smoke)
+    variants = {"fused": [], "per_ps": ["model.fuse_tables=false"]}
+    if smoke:  # "fused" is dist's launched job exactly (no sets, the same steps and hosts): its run stands in
+        from bench.distributed import SMOKE_AB, SMOKE_JOBS
+
+        assert SMOKE_JOBS == (SMOKE_AB,), "the smoke's fused A/B run is the launched row's only on the same hosts"
+        del variants["fused"]
+    ab = measure_ab(data, work / "fused", variants, rounds=1, smoke=smoke)
+    if smoke:
+        launched = dist["tasks_per_s_{}w{}ps".format(*SMOKE_AB)]
+        ab.update(tasks_per_s_fused=launched, runs_fused=[launched])
     results["distributed_fused"] = {**ab, "speedup_2w2ps_fused_over_per_ps": ab["tasks_per_s_fused"] / ab["tasks_per_s_per_ps"]}
     # The same tables fused or one each: the PS's CPU per step on one real PS (bench/ps_cpu.py).
     from bench.ps_cpu import measure as ps_cpu
@@ -156,12 +165,12 @@ def bench_hot_split(results: Dict, smoke: bool = False) -> None:
 
 
 def bench_startup(results: Dict, smoke: bool = False) -> None:
-    from bench.startup import PS, SMOKE_PS, SMOKE_WORKERS, WORKERS, measure
+    from bench.startup import PS, SMOKE_PS, SMOKE_SAME_AS, SMOKE_WORKERS, WORKERS, measure
 
     # every rank reads its own shards: one per worker at 8 workers
     data, _ = _prepared_data(shards=8, smoke=smoke)
     results["startup"] = measure(data, work_dir(smoke), SMOKE_WORKERS if smoke else WORKERS,
-                                 ps=SMOKE_PS if smoke else PS)
+                                 ps=SMOKE_PS if smoke else PS, same_as=SMOKE_SAME_AS if smoke else None)
 
 
 def bench_serve(results: Dict, smoke: bool = False) -> None:

@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from bench.data import BENCH_DIR, WORK, sizes_from_argv
 from gmeta_tf import exit_codes
@@ -42,6 +42,9 @@ ROWS_PER_TASK = 67  # synth's mean rows per user (gmeta_tf/data/synth.py): 15k t
 STEPS = 120  # as bench/distributed.py: tasks/s of the steady state, not of the start
 SMOKE_ROWS = 20_000
 SMOKE_STEPS = 10
+# The launched run's workers, PS; the smoke's on 1 + 1: the same ``gmeta launch local``, two
+# processes fewer (issue 53; the faults and start-up sections launch 2-worker rings)
+HOSTS, SMOKE_HOSTS = (2, 2), (1, 1)
 CONFIG = "configs/quickstart.yaml"
 FIGURE = BENCH_DIR / "scale.png"
 KEYS = ("synth_peak_rss_mb", "synth_rows_per_s", "prepare_rows_per_s", "prepare_peak_rss_mb", "train_tasks_per_s",
@@ -107,7 +110,8 @@ def epoch_steps(prepared: Path) -> int:
     return max(1, math.ceil(int(schema["splits"]["train"]["tasks"]) / load_config(REPO / CONFIG).data.tasks_per_batch))
 
 
-def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print, epoch: bool = False) -> Dict[str, float]:
+def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print, epoch: bool = False,
+                 hosts: Tuple[int, int] = HOSTS) -> Dict[str, float]:
     """One size: the five commands on ``rows`` rows of synthetic data under ``work`` (deleted after).
     ``epoch``: the one-process run trains one epoch of the train split instead of ``steps`` (the
     end-to-end run of docs/scale.md: synth → prepare → one epoch → eval, ``end_to_end_wall_s``)."""
@@ -128,7 +132,7 @@ def measure_rows(rows: int, work: Path, steps: int = STEPS, log=print, epoch: bo
         one_steps = epoch_steps(prep) if epoch else steps
         train = timed(gmeta("train", "--config", CONFIG, "--data", str(prep), "--out", str(run1),
                             *_train_sets(one_steps)), work / "train.log", timeout)
-        dist = timed(gmeta("launch", "local", "--workers", "2", "--ps", "2", "--timeout", str(timeout),
+        dist = timed(gmeta("launch", "local", "--workers", str(hosts[0]), "--ps", str(hosts[1]), "--timeout", str(timeout),
                            "--config", CONFIG, "--data", str(prep), "--out", str(run2), *train_sets,
                            "--set", "data.tasks_per_batch=16"), work / "launch.log", timeout)
         log(f"[scale] {rows:,}: train {_summary(run1):.0f} tasks/s, 2w2ps {_summary(run2):.0f} tasks/s")
@@ -242,7 +246,8 @@ def measure_scale(rows_list: Sequence[int] = (1_000_000, 10_000_000), smoke: boo
     steps = SMOKE_STEPS if smoke else STEPS
     work = WORK / "scale"
     kept = {} if smoke else {k: v for k, v in (previous or {}).items() if k.isdigit()}
-    out: Dict = {**kept, **{str(r): measure_rows(int(r), work / f"rows-{r}", steps, log, epoch) for r in rows_list}}
+    hosts = SMOKE_HOSTS if smoke else HOSTS
+    out: Dict = {**kept, **{str(r): measure_rows(int(r), work / f"rows-{r}", steps, log, epoch, hosts) for r in rows_list}}
     out = dict(sorted(out.items(), key=lambda kv: int(kv[0])))
     plot(out, figure or (work / "scale-smoke.png" if smoke else FIGURE))
     out["on_paper"] = on_paper(out)  # 10^9 rows from the largest size measured (docs/scale.md)

@@ -17,7 +17,15 @@ run once, jobs run on 1 worker + 1 PS wherever the section's code does not need 
 sections run two at a time (bench/smoke_lanes.py). Every section, the on-request ones included,
 ran in 6 min 43 s (403 s, 2026-11-29; network 130, faults 98, sharding_network 93, distributed
 82, meta 66, hot_split 53, network_repeats 50, hot_in_program_2w 47, the rest under 37 each; 731
-CPU s on 2 cores: the box is full), so this test runs them all, as `make bench-smoke` does.
+CPU s on 2 cores: the box is full), so this test runs them all, as `make bench-smoke` does. Then
+a cell that differs from another only by a parameter of the same code reads that cell's job
+(each such stand-in said where it is made: network's, sharding_network's greedy arm, distributed's
+fused A/B, hot_split's partial profile, wire_quality's bf16, start-up's 1-worker ring, ...), the
+network sections share one process's jobs, and sharding_network may run beside them: 5.5 to
+6 min (333 s and 370 s, 2026-11-29; the second: faults 110, meta 90, distributed 78, network 76,
+sharding_network 69, hot_split 44, hot_in_program_2w 44, the rest under 35 each; ~600 CPU s, the
+box 90-95% busy: a process's TensorFlow + TFRA import is ~4.5 s of CPU, and processes are most
+of what is left).
 """
 from __future__ import annotations
 

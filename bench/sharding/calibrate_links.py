@@ -41,8 +41,12 @@ def measure(log: Callable[[str], None] = print, rate: str = RATE, seed: int = 0,
 
     settings = _settings(smoke)
     configs, records = random_configs(settings, seed)
-    loop = measure_configs(configs, settings.warmup, settings.steps, log)
+    # The smoke (issue 53) reads the emulated links' measurement for loopback's too: the loopback
+    # measurement is the calibration's own path with no network, which the sharding section's
+    # smoke runs (``measure_sets``); two processes fewer, and no figure is read.
+    loop = None if smoke else measure_configs(configs, settings.warmup, settings.steps, log)
     links = measure_configs(configs, settings.warmup, settings.steps, log, network=rate)
+    loop = links if loop is None else loop
     both = [i for i in loop if i in links and loop[i][COST] > 0]
     cpu = [links[i][COST] / loop[i][COST] for i in both]
     wall = [links[i]["wall_ms"] / loop[i]["wall_ms"] for i in both]
