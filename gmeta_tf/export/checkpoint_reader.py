@@ -64,7 +64,10 @@ def read_dense(ckpt_dir: str, names) -> Dict[str, np.ndarray]:
     the caller decides which are required)."""
     prefix = storage.join(ckpt_dir, "dense")
     try:
-        reader = tf.train.load_checkpoint(prefix)
+        # the prefix itself: ``tf.train.load_checkpoint`` takes a path that ``gfile`` calls a
+        # directory (every prefix of an object store, ``ram://`` included) for a checkpoint
+        # directory and looks for its 'checkpoint' file
+        reader = tf.compat.v1.train.NewCheckpointReader(prefix)
     except (tf.errors.OpError, ValueError) as e:
         raise CheckpointError(f"{prefix}: the dense weights cannot be read: {str(e).splitlines()[0]}") from None
     have = reader.get_variable_to_shape_map()
