@@ -310,3 +310,20 @@ def test_cli_eval_writes_baselines_equal_to_a_hand_computation(prepared, tmp_pat
     r = runner.invoke(cli, ["eval", "--run", str(run), "--set", "eval.item_feature=nope"])
     assert r.exit_code == 2 and "eval.item_feature" in r.output and "Traceback" not in r.output
     assert (run / "eval.json").read_text() == before
+
+
+@fast
+@pytest.mark.parametrize("damage", ["truncated", "no item column"])
+def test_an_unreadable_train_file_is_named(tmp_path, damage):
+    """A train part the baselines cannot read (cut short, or without the item column) is a
+    ``DataError`` naming that file, not a pyarrow trace; the statistics are read in batches."""
+    from gmeta_tf.errors import DataError
+
+    root = _write_prepared(tmp_path / "prep", RATING_TRAIN)
+    part = root / "train" / fmt.part_name(0, 1)
+    if damage == "truncated":
+        part.write_bytes(part.read_bytes()[:-20])
+    item = "item" if damage == "truncated" else "genre"
+    why = "" if damage == "truncated" else ": no column 'support.cat.genre'"
+    with pytest.raises(DataError, match=f"{part}: cannot read the train split's labels for the baselines{why}"):
+        baselines.train_item_stats(str(root), json.loads((root / fmt.SCHEMA_FILE).read_text()), item)

@@ -147,11 +147,22 @@ class _IdSums:
 
 
 def _train_batches(f: str, cols: List[str]):
-    """File ``f``'s ``cols``, ``STATS_BATCH_TASKS`` tasks at a time; a file that cannot be read is named."""
+    """File ``f``'s ``cols``, ``STATS_BATCH_TASKS`` tasks at a time; a file that cannot be read,
+    or lacks one of ``cols`` (which ``iter_batches`` would skip), is named."""
+    def unreadable(why: str) -> DataError:
+        return DataError(f"{f}: cannot read the train split's labels for the baselines: {why}")
+
     try:
-        yield from pq.ParquetFile(f).iter_batches(batch_size=STATS_BATCH_TASKS, columns=cols)
-    except (OSError, KeyError, ValueError) as e:
-        raise DataError(f"{f}: cannot read the train split's labels for the baselines: {str(e).splitlines()[0]}") from None
+        pf = pq.ParquetFile(f)
+    except (OSError, ValueError) as e:
+        raise unreadable(str(e).splitlines()[0]) from None
+    missing = [c for c in cols if c not in pf.schema_arrow.names]
+    if missing:
+        raise unreadable(f"no column '{missing[0]}'")
+    try:
+        yield from pf.iter_batches(batch_size=STATS_BATCH_TASKS, columns=cols)
+    except (OSError, ValueError) as e:
+        raise unreadable(str(e).splitlines()[0]) from None
 
 
 def train_item_stats(data_path: str, schema: dict, item: Optional[str]) -> ItemStats:
