@@ -10,16 +10,19 @@ output's temp dir (so a failed run leaves nothing) and DuckDB sorts them on disk
    ``convert`` (the same checks and messages; a bad row under ``on_bad_rows=error`` is raised once
    the whole input has been checked, as the in-memory engine does); with ``--part I/N`` only the
    rows of the part's tasks go on (``parts.in_part``: a task's shard is a hash of its id), so a
-   part spools, sorts and writes ~1/N of the rows; task names mapped to codes of the task list (the
-   part's tasks), the typed columns appended to ``spool1``;
-2. **tasks** (numpy, the task list only): ``filter_tasks`` and ``assign_splits`` as in memory (or the
-   hash assignment of ``parts`` with ``prepare.part``), giving each kept task its output rank;
-3. **rank** (streamed): ``spool1`` in input order → ``spool2`` of the kept tasks' rows with their
-   rank, and for ``split_by=random`` the seeded key of ``split.sort_samples`` (the same generator
-   drawn in chunks in input order is the same sequence);
+   part spools, sorts and writes ~1/N of the rows; the typed columns, with each row's task name,
+   appended to ``spool1``;
+2. **tasks** (DuckDB, then numpy on the task list only): the spool's names grouped in the order of
+   their first row (``_task_list``); ``filter_tasks`` and ``assign_splits`` as in memory (or the
+   hash assignment of ``parts`` with ``prepare.part``), giving each kept task its output rank
+   (``ranks``, registered on the connection);
+3. **rank**: ``split_by=time`` reads ``spool1`` joined with ``ranks`` straight into the sort
+   (``_ranked``); ``split_by=random`` first writes ``spool2`` of those rows in input order with
+   the seeded key of ``split.sort_samples`` (the same generator drawn in chunks in input order is
+   the same sequence);
 4. **target encoding** (DuckDB): the train split's written samples (the last ``query +
    max_support`` of each train task, a window) give each encoded id's label sum and count;
-5. **write** (DuckDB → stream): ``spool2`` ordered by (rank, time or key, input row), joined with
+5. **write** (DuckDB → stream): the ranked rows ordered by (rank, time or key, input row), joined with
    the target-encoding tables, read back as Arrow batches; per task the rows before its support are
    dropped, and every ``rows_per_group`` tasks become one row group of their shard's Parquet file
    (``prepare.shard_table``, the in-memory engine's code). The written samples also go to
@@ -78,34 +81,23 @@ class _Names:
 
 
 class _Read:
-    """What reading leaves behind: the task list (names, sizes) and the first spool."""
+    """What reading leaves behind: the counts, and the first spool (the task list is
+    ``_task_list``'s, from the spool)."""
 
     def __init__(self):
-        self.codes: Dict[str, int] = {}
-        self.sizes = np.zeros(0, np.int64)
         self.input_rows = 0
         self.kept_rows = 0  # rows of the whole input past the bad-row checks
         self.part_rows = 0  # of those, the rows spooled: with --part I/N only the part's tasks' rows
         self.skipped = {r: 0 for r in REASONS}
         self.hashed: Dict[str, bool] = {}
 
-    def task_codes(self, s: Samples) -> np.ndarray:
-        """Batch task codes → codes of the whole-input task list (a dict lookup per distinct name
-        of the batch: the task list is the one thing held whole)."""
-        used = np.unique(s.task)
-        lut = np.full(max(int(s.task_names.size), 1), -1, np.int64)
-        codes = self.codes
-        lut[used] = [codes.setdefault(n, len(codes)) for n in s.task_names[used].tolist()]
-        out = lut[s.task]
-        if len(codes) > self.sizes.size:
-            self.sizes = np.concatenate([self.sizes, np.zeros(max(len(codes) - self.sizes.size, self.sizes.size),
-                                                              np.int64)])
-        self.sizes += np.bincount(out, minlength=self.sizes.size)
-        return out
 
-
-def _spool_batch(s: Samples, codes: np.ndarray, base: int, m: Mapping, nm: _Names) -> pa.Table:
-    cols = {"t": pa.array(codes.astype(np.int32)), "r": pa.array(s.row + base), "y": pa.array(s.label)}
+def _spool_batch(s: Samples, base: int, m: Mapping, nm: _Names) -> pa.Table:
+    """The spool keeps each row's task name: a task list held in a Python dict while reading cost
+    a dict lookup per distinct task per batch, 63% of the read at 100M rows (every batch holds
+    ~20k distinct users); DuckDB groups the names once afterwards (``_task_list``)."""
+    names = pa.array(s.task_names, pa.string()).take(pa.array(s.task))
+    cols = {"name": names, "r": pa.array(s.row + base), "y": pa.array(s.label)}
     if m.time_col:
         cols["ts"] = pa.array(s.time)
     for c in m.categorical:
@@ -169,10 +161,10 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
                 res.hashed = s.hashed
                 if len(s) == 0:
                     if template is None and writer.writer is None:
-                        template = _spool_batch(s, s.task, base, m, nm)
+                        template = _spool_batch(s, base, m, nm)
                     continue
                 res.part_rows += len(s)
-                writer.write(_spool_batch(s, res.task_codes(s), base, m, nm))
+                writer.write(_spool_batch(s, base, m, nm))
         if writer.writer is None and template is not None and first_error is None:
             writer.write(template)  # no row of this part: an empty spool with the input's columns
     finally:
@@ -180,33 +172,47 @@ def _read(sources: List[Source], m: Mapping, cfg: PrepareConfig, spool: Path, pr
         writer.close()
     if first_error is not None:
         raise first_error
-    res.sizes = res.sizes[: len(res.codes)]
     return res
+
+
+def _task_list(con, spool1: Path) -> Tuple[np.ndarray, np.ndarray]:
+    """``(names, sizes)`` of the spooled tasks in the order of their first row: the order a
+    dict filled while reading would give, so task codes (indices here) are as before."""
+    t = con.sql(f"SELECT name, count(*) AS n, min(r) AS first FROM read_parquet({_sql_str(spool1)}) "
+                f"GROUP BY name ORDER BY first").to_arrow_table()
+    return (t.column("name").to_numpy(zero_copy_only=False).astype(object),
+            t.column("n").to_numpy().astype(np.int64))
 
 
 # ------------------------------------------------------------------------------------ 3. rank
 
 
-def _rank(spool1: Path, spool2: Path, task_rank: np.ndarray, cfg: PrepareConfig) -> None:
-    rng = np.random.default_rng([cfg.seed, 0xA11CE]) if cfg.split_by == "random" and cfg.part is None else None
+def _ranked(spool1: Path) -> str:
+    """The kept tasks' spooled rows with their output rank, as a DuckDB relation (``ranks``, the
+    task list's kept names and ranks, is registered on the connection): for ``split_by=time`` the
+    sort reads it straight from ``spool1``, with no pass of its own."""
+    return (f"(SELECT rk.rank, sp.* EXCLUDE (name) FROM read_parquet({_sql_str(spool1)}) sp "
+            f"JOIN ranks rk ON sp.name = rk.name)")
+
+
+def _rank(con, ranked: str, spool2: Path, cfg: PrepareConfig) -> str:
+    """``split_by=random`` only: the ranked rows in input order → ``spool2`` with each row's
+    seeded key ``k`` (``split.sort_samples``' generator drawn in chunks in input order is the same
+    sequence; with ``--part`` a key of the row alone, ``parts.row_keys``). Returns its relation."""
+    rng = np.random.default_rng([cfg.seed, 0xA11CE]) if cfg.part is None else None
+    reader = con.sql(f"SELECT * FROM {ranked} ORDER BY r").to_arrow_reader(FETCH_ROWS)
     writer = _LazyWriter(spool2, **SPOOL_OPTIONS)
-    # a spool of no rows (a part whose tasks have none) still gives spool2 its columns
-    empty = [pa.RecordBatch.from_pylist([], schema=pq.read_schema(spool1))]
     try:
-        for b in itertools.chain(pq.ParquetFile(spool1).iter_batches(batch_size=FETCH_ROWS), empty):
+        for b in itertools.chain(reader, [pa.RecordBatch.from_pylist([], schema=reader.schema)]):
             if b.num_rows == 0 and writer.writer is not None:
-                continue
-            rank = task_rank[b.column(0).to_numpy()]
-            keep = rank >= 0  # (an empty batch still writes: a part may keep no task at all)
-            t = pa.Table.from_batches([b]).filter(pa.array(keep)).drop_columns(["t"])
-            t = t.add_column(0, "rank", pa.array(rank[keep]))
-            if rng is not None:
-                t = t.append_column("k", pa.array(rng.random(int(keep.sum()))))
-            elif cfg.split_by == "random":  # --part: a key of the row alone (parts.row_keys)
-                t = t.append_column("k", pa.array(parts.row_keys(t.column("r").to_numpy(), cfg.seed)))
-            writer.write(t)
+                continue  # (an empty batch still writes: a part may keep no task at all)
+            t = pa.Table.from_batches([b])
+            k = rng.random(t.num_rows) if rng is not None else parts.row_keys(t.column("r").to_numpy(), cfg.seed)
+            writer.write(t.append_column("k", pa.array(k)))
     finally:
         writer.close()
+        reader.close()
+    return f"read_parquet({_sql_str(spool2)})"
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -275,7 +281,7 @@ class _NpzStream:
 # ------------------------------------------------------------------------------------ 4. target encoding
 
 
-def _target_encoding(con, spool2: Path, m: Mapping, nm: _Names, cfg: PrepareConfig, n_train: int,
+def _target_encoding(con, ranked: str, m: Mapping, nm: _Names, cfg: PrepareConfig, n_train: int,
                      tmp: Path, work: Path) -> Tuple[List[Dict], float]:
     """Fit the tables on the train split's written samples; write their ``.npz``; leave each as a
     DuckDB table ``te<i>`` (id, s, n) for the write query to join."""
@@ -286,7 +292,7 @@ def _target_encoding(con, spool2: Path, m: Mapping, nm: _Names, cfg: PrepareConf
     con.execute(
         f"CREATE TABLE tw AS SELECT y, {cols} FROM ("
         f"SELECT y, {cols}, row_number() OVER (PARTITION BY rank ORDER BY {_order_key(cfg)} DESC, r DESC) AS rn "
-        f"FROM read_parquet({_sql_str(spool2)}) WHERE rank < {int(n_train)}) WHERE rn <= {keep}"
+        f"FROM {ranked} WHERE rank < {int(n_train)}) WHERE rn <= {keep}"
     )
     total, count = _one(con, "SELECT sum(y::DOUBLE), count(*) FROM tw")
     g = float(total) / count if count else 0.0
@@ -378,7 +384,7 @@ def _written_batch(s: Samples, m: Mapping, nm: _Names, train: bool) -> pa.Table:
     return pa.table(cols)
 
 
-def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mapping, nm: _Names,
+def _write(con, ranked: str, written: Path, tmp: Path, m: Mapping, m_out: Mapping, nm: _Names,
            cfg: PrepareConfig, layout, task_ids: np.ndarray, sizes: np.ndarray, n_train: int, g: float,
            shard_total: int) -> Dict[str, Dict]:
     n_query = np.minimum(sizes, cfg.query)
@@ -387,7 +393,7 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
     joins = "".join(
         f" LEFT JOIN te{i} ON sp.{nm.cat[c]} = te{i}.id" for i, c in enumerate(cfg.target_encoding))
     te_cols = "".join(f", te{i}.s AS te{i}_s, te{i}.n AS te{i}_n" for i in range(len(cfg.target_encoding)))
-    sql = (f"SELECT sp.*{te_cols} FROM read_parquet({_sql_str(spool2)}) sp{joins} "
+    sql = (f"SELECT sp.*{te_cols} FROM {ranked} sp{joins} "
            f"ORDER BY sp.rank, sp.{_order_key(cfg)}, sp.r")
     reader = con.sql(sql).to_arrow_reader(FETCH_ROWS)
     rows = _Selected(reader, sizes, cfg.query, cfg.max_support)
@@ -436,7 +442,7 @@ def _write(con, spool2: Path, written: Path, tmp: Path, m: Mapping, m_out: Mappi
         pass
     reader.close()
     if schema is None:  # no task in any shard of this part
-        none = pq.read_schema(spool2).empty_table()
+        none = con.sql(f"SELECT * FROM {ranked} LIMIT 0").to_arrow_table()
         s, table = chunk(none.append_column("_q", pa.array([], pa.bool_())), 0, 0, False)
         schema = table.schema
         pq.write_table(_written_batch(s, m, nm, False), written, **SPOOL_OPTIONS)
@@ -564,33 +570,35 @@ def prepare_ooc(files: Sequence[Path], m: Mapping, cfg: PrepareConfig, tmp: Path
     work = tmp / WORK_DIR
     work.mkdir()
     nm = _Names(m)
-    read = _read(sources, m, cfg, work / "spool1.parquet", progress)
+    spool1 = work / "spool1.parquet"
+    read = _read(sources, m, cfg, spool1, progress)
     if read.kept_rows == 0:
         raise DataError(f"no rows left in {len(files)} input file(s) after skipping bad rows ({_kv(read.skipped)})")
-    names = np.array(list(read.codes), dtype=object)
-    kept, dropped = filter_tasks(read.sizes, cfg.min_task_size, cfg.max_task_size)
-    part = cfg.part_index()
-    if part is None:
-        layout = assign_splits(np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards, cfg.seed,
-                               dropped, folds=cfg.folds, fold=cfg.fold)
-    else:
-        layout = parts.assign_part(np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards, cfg.seed,
-                                   part, dropped)
-    n_tasks = int(layout.order.size)
-    task_rank = np.full(names.size, -1, np.int64)
-    task_rank[layout.order] = np.arange(n_tasks)
     te.check_columns(cfg.target_encoding, m.categorical, m.dense)
-    _rank(work / "spool1.parquet", work / "spool2.parquet", task_rank, cfg)
-    (work / "spool1.parquet").unlink()
-    sizes = read.sizes[layout.order]
-    n_train = int(layout.counts["train"])
     m_out = Mapping(**{**m.__dict__, "dense": list(m.dense) + [n for c in cfg.target_encoding
                                                               for n in te.feature_names(c)]})
+    part = cfg.part_index()
     con = _connect(work, cfg)
     try:
-        te_entries, g = _target_encoding(con, work / "spool2.parquet", m, nm, cfg, n_train, tmp, work)
+        names, all_sizes = _task_list(con, spool1)
+        kept, dropped = filter_tasks(all_sizes, cfg.min_task_size, cfg.max_task_size)
+        if part is None:
+            layout = assign_splits(np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards, cfg.seed,
+                                   dropped, folds=cfg.folds, fold=cfg.fold)
+        else:
+            layout = parts.assign_part(np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards,
+                                       cfg.seed, part, dropped)
+        n_tasks = int(layout.order.size)
         task_ids = names[layout.order].astype(str)
-        split_info = _write(con, work / "spool2.parquet", work / "written.parquet", tmp, m, m_out, nm, cfg, layout,
+        con.register("ranks", pa.table({"name": pa.array(names[layout.order], pa.string()),
+                                        "rank": pa.array(np.arange(n_tasks, dtype=np.int64))}))
+        ranked = _ranked(spool1)
+        if cfg.split_by == "random":
+            ranked = _rank(con, ranked, work / "spool2.parquet", cfg)
+        sizes = all_sizes[layout.order]
+        n_train = int(layout.counts["train"])
+        te_entries, g = _target_encoding(con, ranked, m, nm, cfg, n_train, tmp, work)
+        split_info = _write(con, ranked, work / "written.parquet", tmp, m, m_out, nm, cfg, layout,
                             task_ids, sizes, n_train, g, cfg.shards)
         st = _statistics(con, work / "written.parquet", tmp, work, m, m_out, nm, read.hashed, part is not None)
     finally:
