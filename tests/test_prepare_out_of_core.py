@@ -103,6 +103,19 @@ def test_engines_agree_on_synth_data(synth_small, tmp_path, split_by):
     assert schema["target_encoding"] and r["samples_truncated"] > 0 and r["dropped"]["too_large"] > 0
 
 
+def test_the_same_input_gives_the_same_schema_every_run(synth_small, tmp_path):
+    """The dense and label moments come from one scan on one thread: a parallel scan added its
+    threads' partial sums in the order they finished (last digits differed run to run)."""
+    cfg = PrepareConfig(query=4, max_support=8, min_task_size=30, max_task_size=150, shards=3, rows_per_group=7,
+                        seed=5)
+    got = set()
+    for i in range(4):
+        prepare([str(synth_small)], str(tmp_path / f"p{i}"), cfg)
+        schema = json.loads((tmp_path / f"p{i}" / fmt.SCHEMA_FILE).read_text())
+        got.add(json.dumps([schema["dense"], schema["label_stats"]]))
+    assert len(got) == 1, got
+
+
 def test_engines_agree_with_folds_and_no_target_encoding(synth_small, tmp_path):
     cfg = PrepareConfig(query=4, max_support=64, min_task_size=24, shards=2, folds=3, fold=1, valid_frac=0.1)
     _both([synth_small], tmp_path, cfg)

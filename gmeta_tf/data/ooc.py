@@ -33,6 +33,7 @@ output's temp dir (so a failed run leaves nothing) and DuckDB sorts them on disk
 from __future__ import annotations
 
 import itertools
+import math
 import shutil
 import sys
 import zipfile
@@ -491,16 +492,15 @@ def _statistics(con, written: Path, tmp: Path, work: Path, m: Mapping, m_out: Ma
         card = _one(con, f"SELECT count(DISTINCT v) FROM (SELECT unnest({k}) AS v FROM {w})")[0]
         multi_hot.append({"name": c, "cardinality": int(card), "hashed": bool(hashed.get(c, False)),
                           "pooling": float(total) / n if n else 0.0, "max_len": int(longest) if n else 0})
-    dense = []
-    for j, name in enumerate(m_out.dense):
-        mean, std = _one(con, f"SELECT avg(d{j}::DOUBLE), stddev_pop(d{j}::DOUBLE) FROM {w} WHERE tr")
-        dense.append({"name": name, "mean": float(mean) if n_train else 0.0,
-                      "std": stats.safe_std_value(std if n_train else None)})
-    mean, std, lo, hi = _one(con, f"SELECT avg(y::DOUBLE), stddev_pop(y::DOUBLE), min(y::DOUBLE), max(y::DOUBLE) "
-                                  f"FROM {w} WHERE tr")
-    label = {"mean": float(mean) if n_train else 0.0, "std": stats.safe_std_value(std if n_train else None),
+    row = _train_moments(con, w, len(m_out.dense))
+    dense = [{"name": name, "mean": float(row[2 * j]) if n_train else 0.0,
+              "std": stats.safe_std_value(math.sqrt(row[2 * j + 1]) if n_train else None)}
+             for j, name in enumerate(m_out.dense)]
+    j, lo, hi = len(m_out.dense), row[-2], row[-1]
+    label = {"mean": float(row[2 * j]) if n_train else 0.0,
+             "std": stats.safe_std_value(math.sqrt(row[2 * j + 1]) if n_train else None),
              "min": float(lo) if n_train else 0.0, "max": float(hi) if n_train else 0.0}
-    additive = _additive(con, w, m, m_out, nm, n_train)
+    additive = _additive(con, w, row, m, m_out, nm, n_train)
     (tmp / te.ID_COUNTS_DIR).mkdir()
     table_stats, id_counts = {}, {}
     sources = {c: f"SELECT {nm.cat[c]} AS id FROM {w} WHERE tr" for c in m.categorical}
@@ -530,13 +530,25 @@ def _moments(row, j: int, n: int) -> Dict:
     return {"mean": float(mean) if n else 0.0, "m2": float(var) * n if n and var is not None else 0.0}
 
 
-def _additive(con, w: str, m: Mapping, m_out: Mapping, nm: _Names, n_train: int) -> Dict:
+def _train_moments(con, w: str, n_dense: int):
+    """``avg, var_pop`` of each dense column and the label, then the label's min and max, over the
+    train split's written samples, in one scan on one thread: DuckDB's threads add their partial
+    sums in the order they finish, so a parallel scan gave ``schema.json`` means and stds that
+    differed in their last digits from one run of the same input to the next."""
+    cols = [f"d{j}::DOUBLE" for j in range(n_dense)] + ["y::DOUBLE"]
+    threads = _one(con, "SELECT current_setting('threads')")[0]
+    con.execute("SET threads = 1")
+    try:
+        return _one(con, "SELECT " + ", ".join(f"avg({c}), var_pop({c})" for c in cols)
+                    + ", min(y::DOUBLE), max(y::DOUBLE) FROM " + f"{w} WHERE tr")
+    finally:
+        con.execute(f"SET threads = {int(threads)}")
+
+
+def _additive(con, w: str, row, m: Mapping, m_out: Mapping, nm: _Names, n_train: int) -> Dict:
     """What merges over parts (``task_format``: ``part``), so that ``combine`` recomputes the
     merged means, stds and pooling from the parts' schemas alone, never rereading a shard: counts
-    and sums add, and (n, mean, m2) triples merge exactly."""
-    cols = [f"d{j}::DOUBLE" for j in range(len(m_out.dense))] + ["y::DOUBLE"]
-    row = _one(con, "SELECT " + ", ".join(f"avg({c}), var_pop({c})" for c in cols)
-               + ", min(y::DOUBLE), max(y::DOUBLE) FROM " + f"{w} WHERE tr")
+    and sums add, and (n, mean, m2) triples merge exactly. ``row``: ``_train_moments``."""
     dense = [{"name": n, **_moments(row, j, n_train)} for j, n in enumerate(m_out.dense)]
     lo, hi = row[-2:]
     multi = []
