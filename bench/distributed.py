@@ -40,6 +40,15 @@ def _aggregate(out: Path) -> float:
     return json.loads((out / "train_summary.json").read_text())["aggregate_tasks_per_s"]
 
 
+def launched_rows(rates: Dict[str, float], smoke: bool) -> Dict[str, float]:
+    """Every launched row's ``tasks_per_s_<w>w<p>ps``: the smoke's one row stands for the others
+    (its figures mean nothing); a whole run has measured each (and no smoke row to read)."""
+    if not smoke:
+        return rates
+    ran = rates[f"tasks_per_s_{SMOKE_JOBS[0][0]}w{SMOKE_JOBS[0][1]}ps"]
+    return {**{f"tasks_per_s_{w}w{p}ps": ran for w, p in JOBS}, **rates}
+
+
 def measure(data: str, work: Path, log=print, sets: Sequence[str] = (), smoke: bool = False) -> Dict[str, float]:
     """The distributed row; ``sets`` (``KEY=VALUE`` overrides of the quickstart config) for A/B
     comparisons (``python -m bench.distributed compare``); ``smoke``: ``SMOKE_STEPS`` a job."""
@@ -56,8 +65,7 @@ def measure(data: str, work: Path, log=print, sets: Sequence[str] = (), smoke: b
         out = work / f"dist-{workers}w{ps}ps"
         launch_local(workers, ps, _train_argv(data, out, 16, sets, steps), log=quiet, timeout_s=900)
         rates[f"tasks_per_s_{workers}w{ps}ps"] = _aggregate(out)
-    for workers, ps in JOBS:  # the smoke's one row stands for the others (its figures mean nothing)
-        rates.setdefault(f"tasks_per_s_{workers}w{ps}ps", rates[f"tasks_per_s_{SMOKE_JOBS[0][0]}w{SMOKE_JOBS[0][1]}ps"])
+    rates = launched_rows(rates, smoke)
     # PS round-trip share, inside rank 0 of a 2-worker, 2-PS job.
     cluster = LocalCluster(log=quiet)
     share_file = work / "ps_share.json"
