@@ -27,7 +27,7 @@ sharding_network 69, hot_split 44, hot_in_program_2w 44, the rest under 35 each;
 box 90-95% busy: a process's TensorFlow + TFRA import is ~4.5 s of CPU, and processes are most
 of what is left). Inside `make test` at 7f85e15, alone: 260 s, with ~458 CPU s sampled from /proc
 over its 200 processes (17 training ranks 103 s, 28 PS 79 s, 8 emulated-host ranks 70 s, the two
-lanes' own in-process sections 96 s): 229 s on 2 cores even packed perfectly, so the 3-minute
+lanes' own in-process sections 96 s; `python -m bench.proc_cpu`): 229 s on 2 cores even packed perfectly, so the 3-minute
 target needs fewer processes or cheaper ones, not better packing.
 """
 from __future__ import annotations

@@ -1,0 +1,29 @@
+"""bench/proc_cpu.py: a child's busy CPU is found in the tree and named by its module."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench import proc_cpu
+
+_BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(0.3)"
+
+
+def test_a_grandchild_busy_loop_is_counted_by_its_command(tmp_path):
+    (tmp_path / "busy.py").write_text(_BUSY)
+    inner = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-m', 'busy']))"
+    seen = {}
+    proc = subprocess.Popen([sys.executable, "-c", inner], cwd=tmp_path)
+    while proc.poll() is None:
+        proc_cpu.sample(proc.pid, seen)
+    assert proc.returncode == 0
+    by_kind = {}
+    for kind, cpu in seen.values():
+        by_kind[kind] = by_kind.get(kind, 0.0) + cpu
+    assert by_kind.get("-m busy", 0.0) >= 0.4, by_kind
+    assert "-m busy" in proc_cpu.table(seen.values())
+
+
+def test_the_exit_status_is_the_commands(capsys):
+    assert proc_cpu.main(["--every", "0.05", "--", sys.executable, "-c", "raise SystemExit(3)"]) == 3
+    assert "in all" in capsys.readouterr().err
