@@ -181,8 +181,7 @@ def _task_list(con, spool1: Path) -> Tuple[np.ndarray, np.ndarray]:
     dict filled while reading would give, so task codes (indices here) are as before."""
     t = con.sql(f"SELECT name, count(*) AS n, min(r) AS first FROM read_parquet({_sql_str(spool1)}) "
                 f"GROUP BY name ORDER BY first").to_arrow_table()
-    return (t.column("name").to_numpy(zero_copy_only=False).astype(object),
-            t.column("n").to_numpy().astype(np.int64))
+    return t.column("name").to_numpy(zero_copy_only=False), t.column("n").to_numpy().astype(np.int64)
 
 
 # ------------------------------------------------------------------------------------ 3. rank
@@ -601,8 +600,9 @@ def prepare_ooc(files: Sequence[Path], m: Mapping, cfg: PrepareConfig, tmp: Path
             layout = parts.assign_part(np.flatnonzero(kept), names, cfg.valid_frac, cfg.test_frac, cfg.shards,
                                        cfg.seed, part, dropped)
         n_tasks = int(layout.order.size)
-        task_ids = names[layout.order].astype(str)
-        con.register("ranks", pa.table({"name": pa.array(names[layout.order], pa.string()),
+        kept_names = names[layout.order]
+        task_ids = kept_names.astype(str)
+        con.register("ranks", pa.table({"name": pa.array(kept_names, pa.string()),
                                         "rank": pa.array(np.arange(n_tasks, dtype=np.int64))}))
         ranked = _ranked(spool1)
         if cfg.split_by == "random":
