@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Dict, Iterable, Tuple
 
+from gmeta_tf import exit_codes
+
 _HZ = os.sysconf("SC_CLK_TCK")
 
 
@@ -81,7 +83,7 @@ def main(argv) -> int:
         argv = argv[1:]
     if not argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return 2
+        return exit_codes.USER_ERROR.code
     proc = subprocess.Popen(argv)
     seen: Dict[Tuple[int, int], list] = {}
     while proc.poll() is None:
