@@ -57,13 +57,15 @@ def sample(root: int, seen: Dict[Tuple[int, int], list]) -> None:
         if p != root and pid != root:
             continue
         key = (pid, start)
-        if key not in seen:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    seen[key] = [_kind(f.read()), cpu]
-            except OSError:
-                continue
-        seen[key][1] = cpu
+        try:  # read again each pass: a child first seen between fork and exec has its parent's
+            with open(f"/proc/{pid}/cmdline", "rb") as f:  # command line until it execs
+                cmdline = f.read()
+        except OSError:
+            cmdline = b""
+        if not cmdline and key not in seen:
+            continue
+        kind = _kind(cmdline) if cmdline else seen[key][0]  # (a zombie's is empty: keep its name)
+        seen[key] = [kind, cpu]
 
 
 def table(seen: Iterable[list]) -> str:

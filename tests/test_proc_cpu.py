@@ -1,6 +1,7 @@
 """bench/proc_cpu.py: a child's busy CPU is found in the tree and named by its module."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -22,6 +23,22 @@ def test_a_grandchild_busy_loop_is_counted_by_its_command(tmp_path):
         by_kind[kind] = by_kind.get(kind, 0.0) + cpu
     assert by_kind.get("-m busy", 0.0) >= 0.4, by_kind
     assert "-m busy" in proc_cpu.table(seen.values())
+
+
+def test_a_process_first_seen_before_it_execs_is_named_by_what_it_runs(tmp_path):
+    """The CI-flaky case made certain: a child sampled between fork and exec shows its parent's
+    command line; the CPU it spends after exec belongs to the command it became."""
+    (tmp_path / "busy.py").write_text(_BUSY)
+    becomes = "import os, sys, time; time.sleep(0.5); os.execv(sys.executable, [sys.executable, '-m', 'busy'])"
+    seen = {}
+    proc = subprocess.Popen([sys.executable, "-c", becomes], cwd=tmp_path)
+    proc_cpu.sample(proc.pid, seen)
+    assert [kind for kind, _ in seen.values()] == [os.path.basename(sys.executable)]
+    while proc.poll() is None:
+        proc_cpu.sample(proc.pid, seen)
+    assert proc.returncode == 0
+    assert [kind for kind, _ in seen.values()] == ["-m busy"]
+    assert seen[next(iter(seen))][1] >= 0.4
 
 
 def test_the_exit_status_is_the_commands(capsys):
