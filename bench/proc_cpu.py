@@ -1,7 +1,7 @@
 """CPU seconds of a command's whole process tree, by what each process runs.
 
 ``python -m bench.proc_cpu [--every S] -- CMD ...`` runs ``CMD``, samples every process's
-cumulative user + system time from ``/proc`` every ``S`` seconds (0.5) and, once it exits, prints
+cumulative user + system time (psutil) every ``S`` seconds (0.5) and, once it exits, prints
 the tree's CPU seconds grouped by command (module or program) with the process counts; its exit
 status is ``CMD``'s.
 
@@ -17,55 +17,41 @@ import os
 import subprocess
 import sys
 import time
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, List, Tuple
+
+import psutil
 
 from gmeta_tf import exit_codes
 
-_HZ = os.sysconf("SC_CLK_TCK")
 
-
-def _stat(pid: str) -> Tuple[int, float, int]:
-    """``(ppid, cpu seconds, start ticks)`` of one process (fields after the command's ``)``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        st = f.read()
-    fields = st[st.rindex(")") + 2:].split()
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / _HZ, int(fields[19])
-
-
-def _kind(cmdline: bytes) -> str:
+def _kind(argv: List[str]) -> str:
     """``-m module`` for Python modules, else the program's name."""
-    argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
     if "-m" in argv[:-1]:
         return "-m " + argv[argv.index("-m") + 1]
-    return os.path.basename(argv[0]) if argv else "?"
+    return os.path.basename(argv[0])
 
 
-def sample(root: int, seen: Dict[Tuple[int, int], list]) -> None:
-    """One pass over ``/proc``: every descendant of ``root`` (by parent links) updated in ``seen``."""
-    parents, info = {}, {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def sample(root: int, seen: Dict[Tuple[int, float], list]) -> None:
+    """One pass over ``root``'s process tree: each process's CPU seconds so far in ``seen``, keyed
+    by (pid, start time). Its command line is read again on every pass: a child first seen
+    between fork and exec still shows its parent's, and a zombie's is gone (it keeps its name)."""
+    try:
+        top = psutil.Process(root)
+        tree = [top] + top.children(recursive=True)
+    except psutil.Error:
+        return
+    for p in tree:
         try:
-            ppid, cpu, start = _stat(pid)
-            parents[int(pid)] = ppid
-            info[int(pid)] = (cpu, start)
-        except (OSError, ValueError, IndexError):
+            key, t = (p.pid, p.create_time()), p.cpu_times()
+        except psutil.Error:
             continue
-    for pid, (cpu, start) in info.items():
-        p, hops = pid, 0
-        while p not in (0, 1, root) and hops < 64:
-            p, hops = parents.get(p, 0), hops + 1
-        if p != root and pid != root:
-            continue
-        key = (pid, start)
-        try:  # read again each pass: a child first seen between fork and exec has its parent's
-            with open(f"/proc/{pid}/cmdline", "rb") as f:  # command line until it execs
-                cmdline = f.read()
-        except OSError:
-            cmdline = b""
-        if not cmdline and key not in seen:
-            continue
-        kind = _kind(cmdline) if cmdline else seen[key][0]  # (a zombie's is empty: keep its name)
-        seen[key] = [kind, cpu]
+        try:
+            argv = p.cmdline()
+        except psutil.Error:
+            argv = []
+        kind = _kind(argv) if argv else seen.get(key, [None])[0]
+        if kind is not None:
+            seen[key] = [kind, t.user + t.system]
 
 
 def table(seen: Iterable[list]) -> str:
@@ -87,7 +73,7 @@ def main(argv) -> int:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return exit_codes.USER_ERROR.code
     proc = subprocess.Popen(argv)
-    seen: Dict[Tuple[int, int], list] = {}
+    seen: Dict[Tuple[int, float], list] = {}
     while proc.poll() is None:
         sample(proc.pid, seen)
         time.sleep(every)
