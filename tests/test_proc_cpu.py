@@ -29,11 +29,14 @@ def test_a_process_first_seen_before_it_execs_is_named_by_what_it_runs(tmp_path)
     """The CI-flaky case made certain: a child sampled between fork and exec shows its parent's
     command line; the CPU it spends after exec belongs to the command it became."""
     (tmp_path / "busy.py").write_text(_BUSY)
-    becomes = "import os, sys, time; time.sleep(0.5); os.execv(sys.executable, [sys.executable, '-m', 'busy'])"
+    becomes = "import os, sys; sys.stdin.readline(); os.execv(sys.executable, [sys.executable, '-m', 'busy'])"
     seen = {}
-    proc = subprocess.Popen([sys.executable, "-c", becomes], cwd=tmp_path)
-    proc_cpu.sample(proc.pid, seen)
+    proc = subprocess.Popen([sys.executable, "-c", becomes], cwd=tmp_path, stdin=subprocess.PIPE)
+    while not seen and proc.poll() is None:  # (just after exec a command line can still read empty)
+        proc_cpu.sample(proc.pid, seen)
     assert [kind for kind, _ in seen.values()] == [os.path.basename(sys.executable)]
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
     while proc.poll() is None:
         proc_cpu.sample(proc.pid, seen)
     assert proc.returncode == 0
