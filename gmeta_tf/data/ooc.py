@@ -484,22 +484,20 @@ def _statistics(con, written: Path, tmp: Path, work: Path, m: Mapping, m_out: Ma
         {"name": c, "cardinality": int(_one(con, f"SELECT count(DISTINCT {nm.cat[c]}) FROM {w}")[0]),
          "hashed": bool(hashed.get(c, False)), "pooling": 1.0}
         for c in m.categorical]
+    lengths = {c: _one(con, f"SELECT sum(len({nm.multi[c]})), count(*), max(len({nm.multi[c]})) FROM {w}")
+               for c in m.multi_hot}
     multi_hot = []
     for c in m.multi_hot:
-        k = nm.multi[c]
-        total, n, longest = _one(con, f"SELECT sum(len({k})), count(*), max(len({k})) FROM {w}")
-        card = _one(con, f"SELECT count(DISTINCT v) FROM (SELECT unnest({k}) AS v FROM {w})")[0]
+        total, n, longest = lengths[c]
+        card = _one(con, f"SELECT count(DISTINCT v) FROM (SELECT unnest({nm.multi[c]}) AS v FROM {w})")[0]
         multi_hot.append({"name": c, "cardinality": int(card), "hashed": bool(hashed.get(c, False)),
                           "pooling": float(total) / n if n else 0.0, "max_len": int(longest) if n else 0})
     row = _train_moments(con, w, len(m_out.dense))
-    dense = [{"name": name, "mean": float(row[2 * j]) if n_train else 0.0,
-              "std": stats.safe_std_value(math.sqrt(row[2 * j + 1]) if n_train else None)}
-             for j, name in enumerate(m_out.dense)]
-    j, lo, hi = len(m_out.dense), row[-2], row[-1]
-    label = {"mean": float(row[2 * j]) if n_train else 0.0,
-             "std": stats.safe_std_value(math.sqrt(row[2 * j + 1]) if n_train else None),
+    dense = [{"name": name, **_mean_std(row, j, n_train)} for j, name in enumerate(m_out.dense)]
+    lo, hi = row[-2], row[-1]
+    label = {**_mean_std(row, len(m_out.dense), n_train),
              "min": float(lo) if n_train else 0.0, "max": float(hi) if n_train else 0.0}
-    additive = _additive(con, w, row, m, m_out, nm, n_train)
+    additive = _additive(con, w, row, lengths, m, m_out, n_train)
     (tmp / te.ID_COUNTS_DIR).mkdir()
     table_stats, id_counts = {}, {}
     sources = {c: f"SELECT {nm.cat[c]} AS id FROM {w} WHERE tr" for c in m.categorical}
@@ -520,6 +518,12 @@ def _statistics(con, written: Path, tmp: Path, work: Path, m: Mapping, m_out: Ma
                           "lookups": st["lookups"], "skew": st["skew"]}
     return {"categorical": categorical, "multi_hot": multi_hot, "dense": dense, "label_stats": label,
             "table_stats": table_stats, "id_counts": id_counts, "additive": additive}
+
+
+def _mean_std(row, j: int, n: int) -> Dict:
+    """``schema.json``'s ``mean`` and ``std`` of one column of ``_train_moments``' row."""
+    return {"mean": float(row[2 * j]) if n else 0.0,
+            "std": stats.safe_std_value(math.sqrt(row[2 * j + 1]) if n else None)}
 
 
 def _moments(row, j: int, n: int) -> Dict:
@@ -544,16 +548,16 @@ def _train_moments(con, w: str, n_dense: int):
         con.execute(f"SET threads = {int(threads)}")
 
 
-def _additive(con, w: str, row, m: Mapping, m_out: Mapping, nm: _Names, n_train: int) -> Dict:
+def _additive(con, w: str, row, lengths: Dict, m: Mapping, m_out: Mapping, n_train: int) -> Dict:
     """What merges over parts (``task_format``: ``part``), so that ``combine`` recomputes the
     merged means, stds and pooling from the parts' schemas alone, never rereading a shard: counts
-    and sums add, and (n, mean, m2) triples merge exactly. ``row``: ``_train_moments``."""
+    and sums add, and (n, mean, m2) triples merge exactly. ``row``: ``_train_moments``; ``lengths``:
+    each multi-hot column's (ids, samples, longest), scanned once by ``_statistics``."""
     dense = [{"name": n, **_moments(row, j, n_train)} for j, n in enumerate(m_out.dense)]
     lo, hi = row[-2:]
     multi = []
     for c in m.multi_hot:
-        k = nm.multi[c]
-        total, n, longest = _one(con, f"SELECT sum(len({k})), count(*), max(len({k})) FROM {w}")
+        total, n, longest = lengths[c]
         multi.append({"name": c, "ids": int(total or 0), "samples": int(n), "max_len": int(longest or 0)})
     return {"train_samples": n_train, "samples": int(_one(con, f"SELECT count(*) FROM {w}")[0]),
             "dense": dense, "label": {**_moments(row, len(m_out.dense), n_train),
